@@ -1,0 +1,207 @@
+"""Shared helpers for the asv benchmarks: bandwidth peers, side-by-side ratios, compile timing.
+
+Import them as ``from ._common import copy_seconds, median_ratio, ...`` (asv imports the suite as
+a package). Nothing here depends on pypto_numba, so every engineer's benchmark can use it.
+
+Peers (numba, same threads as the code under test; asv.conf.json pins ``NUMBA_NUM_THREADS=2``):
+
+- ``copy_kernel(src, dst)``: plain ``for i in prange(n): dst[i] = src[i]`` on float32 arrays
+  (LLVM turns it into a memcpy per thread chunk; measured ~1.6x faster than a chunked element
+  loop on this machine, so it is the strongest simple peer).
+  ``copy_seconds(nbytes)`` times a copy of an ``nbytes`` buffer (GM traffic: ``nbytes`` read +
+  ``nbytes`` written); ``copy_gbps(nbytes)`` = ``2*nbytes / seconds / 1e9`` (read + write).
+  Peer for element-wise ops: an op that reads and writes ``nbytes`` each at copy speed has
+  ``median_ratio(op, copy) == 1.0``.
+- ``sum_kernel(x)``: plain prange float32 sum (a prange reduction; fine for a peer, the order of the
+  sum is not what is measured). ``sum_seconds(nbytes)`` / ``sum_gbps(nbytes)`` =
+  ``nbytes / seconds / 1e9`` (read bandwidth). Peer for reductions.
+
+Ratios: ``median_ratio(fn_a, fn_b, repeats=7)`` alternates a, b, a, b, ... and returns
+``median(time_b) / median(time_a)``. **> 1 means fn_a is faster.** So
+``median_ratio(my_op, copy)`` is "fraction of copy speed" (1.0 = as fast as the copy), and
+``median_ratio(my_op, torch_op)`` is "speed-up over torch".
+
+Compile time: ``compile_seconds(snippet)`` writes module source to a temporary .py file and runs
+it twice in fresh processes sharing a brand-new ``NUMBA_CACHE_DIR``: the first run compiles, the
+second loads from the cache. The snippet does its imports at top level (untimed) and defines
+``setup()`` (data, untimed) and ``first_call()`` (timed once). Returns (first, cached) seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numba
+import numpy as np
+from numba import prange
+
+__all__ = [
+    "copy_kernel",
+    "copy_seconds",
+    "copy_gbps",
+    "copy_peer",
+    "sum_kernel",
+    "sum_seconds",
+    "sum_gbps",
+    "sum_peer",
+    "median_seconds",
+    "median_ratio",
+    "torch_or_none",
+    "compile_seconds",
+    "M64",
+    "M16",
+]
+
+M64 = 64 * 1024 * 1024  # 64M elements: the issue's benchmark size
+M16 = 16 * 1024 * 1024
+
+_FASTMATH = {"contract", "reassoc", "nsz", "arcp", "afn"}  # same subset as pypto_numba kernels
+
+
+@numba.njit(parallel=True, cache=True, error_model="numpy", fastmath=_FASTMATH, nogil=True)
+def copy_kernel(src, dst):
+    """dst[:] = src[:] (1-D float32), a plain prange loop."""
+    for i in prange(src.size):
+        dst[i] = src[i]
+
+
+@numba.njit(parallel=True, cache=True, error_model="numpy", fastmath=_FASTMATH, nogil=True)
+def sum_kernel(x):
+    """Plain prange sum of a 1-D float32 array (float32 accumulators, vectorised)."""
+    s = np.float32(0.0)
+    for i in prange(x.size):
+        s += x[i]
+    return s
+
+
+def _f32_elems(nbytes: int) -> int:
+    return max(1, int(nbytes) // 4)
+
+
+def median_seconds(fn, repeats: int = 7) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls (call it once before to warm up)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def median_ratio(fn_a, fn_b, repeats: int = 7) -> float:
+    """``median(time_b) / median(time_a)``, runs alternating a, b, a, b ... (each warmed up once).
+
+    > 1: fn_a is faster than fn_b. ``median_ratio(op, copy)`` = op speed as a fraction of copy
+    speed; ``median_ratio(op, torch_op)`` = speed-up of op over torch.
+    """
+    fn_a()
+    fn_b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn_a()
+        t1 = time.perf_counter()
+        fn_b()
+        t2 = time.perf_counter()
+        ta.append(t1 - t0)
+        tb.append(t2 - t1)
+    return statistics.median(tb) / statistics.median(ta)
+
+
+def copy_peer(nbytes: int):
+    """A zero-argument callable that copies an ``nbytes`` float32 buffer (warmed up)."""
+    n = _f32_elems(nbytes)
+    src = np.ones(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    copy_kernel(src, dst)  # compile / load + first touch of dst
+    return lambda: copy_kernel(src, dst)
+
+
+def sum_peer(nbytes: int):
+    """A zero-argument callable that sums an ``nbytes`` float32 buffer (warmed up)."""
+    n = _f32_elems(nbytes)
+    x = np.ones(n, dtype=np.float32)
+    sum_kernel(x)
+    return lambda: sum_kernel(x)
+
+
+def copy_seconds(nbytes: int, repeats: int = 7) -> float:
+    """Median seconds of a numba prange copy of ``nbytes`` (``nbytes`` read + ``nbytes`` written)."""
+    return median_seconds(copy_peer(nbytes), repeats)
+
+
+def copy_gbps(nbytes: int, repeats: int = 7) -> float:
+    """Copy bandwidth in GB/s counting read + write: ``2*nbytes / copy_seconds(nbytes) / 1e9``."""
+    return 2 * _f32_elems(nbytes) * 4 / copy_seconds(nbytes, repeats) / 1e9
+
+
+def sum_seconds(nbytes: int, repeats: int = 7) -> float:
+    """Median seconds of a plain numba prange sum over ``nbytes`` of float32 (read only)."""
+    return median_seconds(sum_peer(nbytes), repeats)
+
+
+def sum_gbps(nbytes: int, repeats: int = 7) -> float:
+    """Read bandwidth of the plain prange sum in GB/s: ``nbytes / sum_seconds(nbytes) / 1e9``."""
+    return _f32_elems(nbytes) * 4 / sum_seconds(nbytes, repeats) / 1e9
+
+
+def torch_or_none():
+    """``torch`` if it is installed (benchmark peer only), else ``None``.
+
+    Sets torch's intra-op threads to ``NUMBA_NUM_THREADS`` (default 2) so the peers compete on the
+    same cores.
+    """
+    try:
+        import torch
+    except Exception:  # ImportError, or a broken install: the peer is simply absent
+        return None
+    torch.set_num_threads(int(os.environ.get("NUMBA_NUM_THREADS", numba.config.NUMBA_NUM_THREADS)))
+    return torch
+
+
+_RUNNER = r"""
+import importlib, json, sys, time
+sys.path.insert(0, sys.argv[1])
+mod = importlib.import_module("compile_snippet")
+if hasattr(mod, "setup"):
+    mod.setup()
+t0 = time.perf_counter()
+mod.first_call()
+print(json.dumps({"seconds": time.perf_counter() - t0}))
+"""
+
+
+def compile_seconds(snippet: str, timeout: float = 300.0) -> tuple:
+    """(first-call seconds with an empty cache, first-call seconds from the cache) in new processes.
+
+    ``snippet`` is module source defining ``first_call()`` (timed) and optionally ``setup()``
+    (untimed: data). Its top-level imports (numba, the package) are outside the timing; what is
+    timed is compile (or cache load) plus one run of the call. Both runs share a fresh
+    ``NUMBA_CACHE_DIR`` that is deleted afterwards.
+    """
+    tmp = tempfile.mkdtemp(prefix="asv_compile_")
+    cache = os.path.join(tmp, "numba_cache")
+    script = os.path.join(tmp, "compile_snippet.py")  # a real file: numba can cache its functions
+    with open(script, "w") as f:
+        f.write(snippet)
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+    try:
+        out = []
+        for _ in range(2):
+            res = subprocess.run(
+                [sys.executable, "-c", _RUNNER, tmp],
+                env=env, capture_output=True, text=True, timeout=timeout, check=False,
+            )
+            if res.returncode != 0:
+                raise RuntimeError(f"compile_seconds snippet failed:\n{res.stderr[-2000:]}")
+            out.append(json.loads(res.stdout.strip().splitlines()[-1])["seconds"])
+        return out[0], out[1]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

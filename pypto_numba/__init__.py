@@ -1,0 +1,45 @@
+"""pypto_numba: a CPU laboratory for the operator strategies PyPTO developers choose between.
+
+Every strategy is a numba kernel family that follows the Ascend NPU's tile discipline, rounds
+where the NPU rounds, and counts what it does (kernels, GM bytes, workspace, buffer peaks,
+FLOPs). Typical use::
+
+    import pypto_numba as pn
+    out = pn.gelu.tanh(x)                      # x: float32 / float16 / ml_dtypes.bfloat16
+    with pn.trace() as t:
+        pn.mean.sum_div(x, dim=-1)
+    print(t.records[-1].cost, t.records[-1].cost.estimate("ascend910b"))
+"""
+
+from .errors import ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
+from .machine.cost import Cost, Estimate
+from .machine.plan import Plan
+from .machine.profile import HardwareProfile, active_profile, load_profile, profiles, use_profile
+from .strategy import SEED, strategies, trace
+from .compare import compare
+
+# from . import gelu, mean  # noqa: E402  (op modules register their strategies on import)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConstraintError",
+    "Cost",
+    "DTypeError",
+    "Estimate",
+    "HardwareProfile",
+    "Plan",
+    "PyptoNumbaError",
+    "SEED",
+    "ShapeError",
+    "TileError",
+    "active_profile",
+    "compare",
+    "gelu",
+    "load_profile",
+    "mean",
+    "profiles",
+    "strategies",
+    "trace",
+    "use_profile",
+]

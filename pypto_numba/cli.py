@@ -1,0 +1,89 @@
+"""The ``pypto-numba`` command line: ``profiles``, ``compare``.
+
+``pypto-numba compare`` with no op runs every op's default scenario and prints one table per op:
+the main job. ``pypto-numba compare gelu --shape 8,11008 --dtype bf16`` compares one op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import PyptoNumbaError
+
+
+def _profiles(args) -> int:
+    from .machine.profile import DEFAULT_PROFILE, active_profile, load_profile, profiles
+
+    active = active_profile().name
+    if args.format == "json":
+        import dataclasses
+
+        print(json.dumps({n: {k: v for k, v in dataclasses.asdict(load_profile(n)).items()} for n in profiles()},
+                         indent=2, default=list))
+        return 0
+    for name in profiles():
+        p = load_profile(name)
+        mark = " (active)" if name == active else (" (default)" if name == DEFAULT_PROFILE else "")
+        print(f"{name}{mark}: {p.description}")
+        print(f"    UB {p.ub_bytes // 1024} KiB, L1 {p.l1_bytes // 1024} KiB, L0A/L0B {p.l0a_bytes // 1024}/"
+              f"{p.l0b_bytes // 1024} KiB, L0C {p.l0c_bytes // 1024} KiB, BT {p.bt_bytes} B, "
+              f"align {p.align_bytes} B; {p.cube_cores} cube + {p.vector_cores} vector cores at "
+              f"{p.clock_hz / 1e9:.2f} GHz; GM {p.gm_bytes_per_s / 1e12:.2f} TB/s")
+    return 0
+
+
+def _compare(args) -> int:
+    from .compare import CASES, compare, make_inputs, parse_shape
+
+    ops = [args.op] if args.op else list(CASES)
+    results = []
+    for op in ops:
+        shape = parse_shape(args.shape) if args.shape else None
+        inputs = make_inputs(op, shape, args.dtype, seed=args.seed)
+        options = {}
+        if args.dim is not None:
+            options["dim"] = args.dim
+        result = compare(op, *inputs, strategies=args.strategy, policy=args.policy,
+                             repeats=args.repeats, profile=args.profile, **options)
+        results.append(result)
+        if args.format == "table":
+            print(result.to_table(), end="\n\n", flush=True)
+        elif args.format == "markdown":
+            print(result.to_markdown(), end="\n\n", flush=True)
+    if args.format == "json":
+        print(json.dumps([r.to_dict() for r in results], indent=2, default=float))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pypto-numba", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("profiles", help="list the hardware profiles")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=_profiles)
+
+    p = sub.add_parser("compare", help="run every strategy of an op side by side")
+    p.add_argument("op", nargs="?", help="op to compare (default: every op's default scenario)")
+    p.add_argument("--shape", help="input shape, comma-separated (default: the op's default scenario)")
+    p.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--profile", default=None, help="hardware profile (default: the active one)")
+    p.add_argument("--policy", default=None, choices=("allclose", "outlier", "dual"))
+    p.add_argument("--strategy", action="append", help="only this strategy (repeatable)")
+    p.add_argument("--dim", type=int, default=None, help="reduction dim (mean)")
+    p.add_argument("--repeats", type=int, default=5, help="warm runs timed per strategy (median)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=("table", "markdown", "json"), default="table")
+    p.set_defaults(func=_compare)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PyptoNumbaError as exc:
+        print(f"pypto-numba: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,229 @@
+"""``compare``: run every strategy of an op on the same inputs, side by side.
+
+One row per strategy: precision against the float64 reference (max abs, max rel, ulps),
+PASS/FAIL under a named tolerance policy, the counted Cost (kernels, tasks, GM bytes, workspace,
+buffer peaks), CPU time (median of warm runs) and the NPU estimate with its bound. A strategy that
+the plan rules out (TileError, ConstraintError) stays in the table with the reason.
+
+How to build inputs for an op, call its reference and read its outputs is described once per op
+in :data:`CASES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+from . import precision, reference
+from .errors import ConstraintError, PyptoNumbaError, ShapeError, TileError
+from .machine import dtypes
+from .strategy import trace
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCase:
+    """How ``compare`` drives one op."""
+
+    make: Callable  # (shape tuple, dtype name, rng) -> tuple of inputs
+    reference: Callable  # (*inputs, **options) -> float64 array (or tuple, see ``outputs``)
+    default_shape: tuple
+    shape_help: str
+    outputs: Callable = staticmethod(lambda result: (result,))  # result -> tuple of arrays to score
+    policy: str = precision.DEFAULT_POLICY
+    tolerances: Callable = staticmethod(lambda dtype: (None, None))  # dtype -> (rtol, atol) or Nones
+
+
+def _normal(shape, dtype, rng, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32).astype(dtypes.STORAGE[dtype])
+
+
+CASES = {
+    "gelu": OpCase(
+        make=lambda shape, dtype, rng: (_normal(shape, dtype, rng, 2.0),),
+        reference=lambda x, strategy, **o: (reference.gelu_erf(x) if strategy == "erf" else reference.gelu_tanh(x)),
+        default_shape=(8, 11008),
+        shape_help="x shape, e.g. 8,11008",
+    ),
+    "mean": OpCase(
+        make=lambda shape, dtype, rng: (_normal(shape, dtype, rng, 1.0),),
+        reference=lambda x, strategy, dim=-1, keepdim=False, **o: reference.mean(x, dim, keepdim),
+        default_shape=(8, 4096),
+        shape_help="x shape, e.g. 8,4096 (reduced over dim, default -1)",
+    ),
+}
+
+
+@dataclasses.dataclass
+class Row:
+    strategy: str
+    recommended: bool
+    ruled_out: str = ""  # the TileError/ConstraintError message when the plan refuses
+    precision: list = dataclasses.field(default_factory=list)  # precision.Result per output
+    cost: object = None
+    seconds: float = float("nan")
+    estimate: object = None
+
+    @property
+    def verdict(self) -> str:
+        if self.ruled_out:
+            return "RULED OUT"
+        return "PASS" if all(r.passed for r in self.precision) else "FAIL"
+
+    def as_dict(self) -> dict:
+        d = {"strategy": self.strategy, "recommended": self.recommended, "verdict": self.verdict}
+        if self.ruled_out:
+            d["ruled_out"] = self.ruled_out
+            return d
+        d["precision"] = [dataclasses.asdict(r) for r in self.precision]
+        d["cost"] = self.cost.as_dict()
+        d["cpu_seconds"] = self.seconds
+        d["npu_estimate_seconds"] = self.estimate.seconds
+        d["npu_bound"] = self.estimate.bound
+        return d
+
+
+@dataclasses.dataclass
+class Comparison:
+    op: str
+    shapes: tuple
+    dtype: str
+    policy: str
+    profile: str
+    rows: list
+
+    def _table(self):
+        head = ["strategy", "verdict", "max_abs", "max_rel", "ulps", "kernels", "tasks", "GM read",
+                "GM write", "workspace", "UB peak", "CPU ms", "NPU us (bound)"]
+        body = []
+        for r in self.rows:
+            name = r.strategy + (" *" if r.recommended else "")
+            if r.ruled_out:
+                body.append([name, "RULED OUT", r.ruled_out] + [""] * (len(head) - 3))
+                continue
+            worst = max(r.precision, key=lambda p: p.max_abs)
+            c = r.cost
+            body.append([
+                name, r.verdict, f"{worst.max_abs:.3g}", f"{worst.max_rel:.3g}", f"{worst.max_ulps:.3g}",
+                str(c.kernels), str(c.tasks), _bytes(c.gm_read_bytes), _bytes(c.gm_write_bytes),
+                _bytes(c.workspace_bytes), _bytes(c.ub_peak_bytes), f"{r.seconds * 1e3:.3f}",
+                f"{r.estimate.seconds * 1e6:.1f} ({r.estimate.bound})",
+            ])
+        return head, body
+
+    def title(self) -> str:
+        shapes = " ".join("x".join(map(str, s)) for s in self.shapes)
+        return f"{self.op} [{shapes}] {self.dtype} on {self.profile}, policy {self.policy}"
+
+    def to_markdown(self) -> str:
+        head, body = self._table()
+        lines = [f"**{self.title()}** (* = the seed's recommendation)", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
+        return "\n".join(lines)
+
+    def to_table(self) -> str:
+        head, body = self._table()
+        wide = [r for r in body if r[1] == "RULED OUT"]
+        narrow = [r for r in body if r[1] != "RULED OUT"]
+        widths = [max(len(head[i]), *(len(r[i]) for r in narrow)) if narrow else len(head[i]) for i in range(len(head))]
+        fmt = lambda row: "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()  # noqa: E731
+        out = [self.title() + "  (* = seed's recommendation)", fmt(head), fmt(["-" * w for w in widths])]
+        out += [fmt(r) for r in narrow]
+        out += [f"{r[0]}  RULED OUT: {r[2]}" for r in wide]
+        return "\n".join(out)
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "shapes": [list(s) for s in self.shapes], "dtype": self.dtype,
+                "policy": self.policy, "profile": self.profile, "rows": [r.as_dict() for r in self.rows]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=float)
+
+    def __str__(self):
+        return self.to_table()
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def case(op: str) -> OpCase:
+    if op not in CASES:
+        raise PyptoNumbaError(f"compare: unknown op {op!r}; known: {', '.join(CASES)}")
+    return CASES[op]
+
+
+def make_inputs(op: str, shape=None, dtype: str = "fp32", seed: int = 0) -> tuple:
+    """Deterministic random inputs for ``op`` (shape defaults to the op's default scenario)."""
+    c = case(op)
+    if dtype not in dtypes.STORAGE:
+        raise PyptoNumbaError(f"compare: dtype must be one of {', '.join(dtypes.STORAGE)}, got {dtype!r}")
+    return c.make(tuple(shape or c.default_shape), dtype, np.random.default_rng(seed))
+
+
+def compare(op: str, *inputs, strategies=None, policy=None, repeats: int = 5, profile=None, **options) -> Comparison:
+    """Run every strategy of ``op`` (or those named) on ``inputs`` and score each one."""
+    c = case(op)
+    from .strategy import strategies as registry
+
+    entries = registry(op)
+    if strategies is not None:
+        names = [strategies] if isinstance(strategies, str) else list(strategies)
+        unknown = set(names) - {e.name for e in entries}
+        if unknown:
+            raise PyptoNumbaError(f"compare: {op} has no strategy {sorted(unknown)}; it has {[e.name for e in entries]}")
+        entries = [e for e in entries if e.name in names]
+    if not inputs:
+        inputs = make_inputs(op)
+    dtype = dtypes.storage_name(inputs[0].dtype) or str(inputs[0].dtype)
+    policy = policy or c.policy
+    rtol, atol = c.tolerances(dtype)
+    rows = []
+    prof_name = None
+    for entry in entries:
+        row = Row(strategy=entry.name, recommended=entry.recommended)
+        try:
+            with trace() as t:
+                result = entry.fn(*inputs, profile=profile, **options)
+        except (TileError, ConstraintError) as exc:
+            row.ruled_out = str(exc)
+            rows.append(row)
+            continue
+        record = t.records[-1]
+        prof_name = record.profile
+        ref = c.reference(*inputs, strategy=entry.name, **options)
+        refs = ref if isinstance(ref, tuple) else (ref,)
+        outs = c.outputs(result)
+        row.precision = [precision.evaluate(o, r, dtype, policy, rtol, atol) for o, r in zip(outs, refs)]
+        row.cost = sum((r.cost for r in t.records), type(record.cost)())
+        times = []
+        for _ in range(max(1, repeats)):
+            t0 = time.perf_counter()
+            entry.fn(*inputs, profile=profile, **options)
+            times.append(time.perf_counter() - t0)
+        row.seconds = statistics.median(times)
+        row.estimate = row.cost.estimate(record.profile, dtype)
+        rows.append(row)
+    from .machine.profile import load_profile
+
+    return Comparison(op=op, shapes=tuple(tuple(np.shape(i)) for i in inputs if hasattr(i, "shape")),
+                      dtype=dtype, policy=policy, profile=prof_name or load_profile(profile).name, rows=rows)
+
+
+def parse_shape(text: str) -> tuple:
+    """``"8,11008"`` -> (8, 11008); a clear ShapeError otherwise."""
+    try:
+        shape = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+    except ValueError:
+        raise ShapeError(f"--shape must be comma-separated integers like 8,11008, got {text!r}") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise ShapeError(f"--shape must be positive integers like 8,11008, got {text!r}")
+    return shape

@@ -1,0 +1,185 @@
+"""GELU: tanh approximation vs exact erf.
+
+Math (x of any shape; storage dtype fp32, bf16 or fp16; result in the same dtype)::
+
+    tanh:  0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))
+    erf:   0.5*x*(1 + erf(x/sqrt(2)))
+
+Strategies (n = x.size, b = itemsize of the storage dtype)::
+
+    gelu.tanh   1 vector kernel, GM read n*b, GM write n*b, 9 vector ops per element
+    gelu.erf    1 vector kernel, GM read n*b, GM write n*b, 5 vector ops per element
+
+(+2 vector ops per element, the casts in and out, for bf16/fp16.) Both walk the flattened tensor
+in UB tiles of ``tile`` elements (the last tile is a valid-shape tail), widen the tile to fp32,
+compute in fp32 and cast once on the way out. ``math="storage"`` instead rounds every
+intermediate to the storage dtype, as a kernel written entirely in the input dtype does (the PyPTO
+gelu_tanh skeleton, npu-facts 1.7): it lets you test the seed's claim that in bf16/fp16 the tanh
+approximation's error is far below the quantisation error.
+
+UB per task: the input and output tiles in the storage dtype plus fp32 work tiles -- 2 for tanh
+on fp32 (4 on bf16/fp16: the cast needs its own), 5 for erf (npu-facts 4.2: ``erf: 5*tile*4 B``).
+So erf hits the UB limit at a smaller tile than tanh.
+"""
+
+from __future__ import annotations
+
+import math as _math
+
+import numpy as np
+from numba import prange
+
+from . import inputs
+from .errors import ConstraintError
+from .machine import dtypes, vmath
+from .machine.jit import kernel
+from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
+from .machine.profile import load_profile
+from .strategy import Launch, register
+
+SQRT_2_OVER_PI = _math.sqrt(2.0 / _math.pi)
+INV_SQRT2 = 1.0 / _math.sqrt(2.0)
+CUBIC = 0.044715
+
+# vector element-ops per element: tanh: x*x, *x, *0.044715, +x, *sqrt(2/pi), tanh, +1, *x, *0.5
+# erf: *1/sqrt(2), erf, +1, *x, *0.5; each 16-bit storage dtype adds a cast in and a cast out
+OPS = {"tanh": 9, "erf": 5}
+CAST_OPS = 2
+MATHS = ("fp32", "storage")
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels: one prange iteration = one UB tile (a pypto.loop iteration on an AI vector core)
+
+
+@kernel
+def _gelu_kernel(x, out, tile, use_erf, storage_math, ops_per_elem):
+    n = x.size
+    n_tiles = (n + tile - 1) // tile
+    itemsize = x.itemsize
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    c_tanh = np.float32(SQRT_2_OVER_PI)
+    c_cubic = np.float32(CUBIC)
+    c_erf = np.float32(INV_SQRT2)
+    half = np.float32(0.5)
+    one = np.float32(1.0)
+    for t in prange(n_tiles):
+        start = t * tile
+        valid = min(tile, n - start)  # valid shape of the tail tile
+        if storage_math:
+            for i in range(start, start + valid):
+                v = dtypes.widen(x[i])
+                if use_erf:
+                    u = dtypes.round_as(x, v * c_erf)
+                    u = dtypes.round_as(x, vmath.erf(u))
+                else:
+                    u = dtypes.round_as(x, v * v)
+                    u = dtypes.round_as(x, u * v)
+                    u = dtypes.round_as(x, u * c_cubic)
+                    u = dtypes.round_as(x, u + v)
+                    u = dtypes.round_as(x, u * c_tanh)
+                    u = dtypes.round_as(x, vmath.tanh(u))
+                u = dtypes.round_as(x, u + one)
+                u = dtypes.round_as(x, u * v)
+                out[i] = dtypes.narrow(out, u * half)
+        elif use_erf:
+            for i in range(start, start + valid):
+                v = dtypes.widen(x[i])
+                out[i] = dtypes.narrow(out, half * v * (one + vmath.erf(v * c_erf)))
+        else:
+            for i in range(start, start + valid):
+                v = dtypes.widen(x[i])
+                inner = c_tanh * (v + c_cubic * (v * v * v))
+                out[i] = dtypes.narrow(out, half * v * (one + vmath.tanh(inner)))
+        tasks += 1
+        gm_read += valid * itemsize
+        gm_write += valid * itemsize
+        vector_ops += valid * ops_per_elem
+    return tasks, gm_read, gm_write, vector_ops, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# plans
+
+
+def _plan(variant: str, shape, dtype: str, profile=None, tile=None, math="fp32") -> Plan:
+    prof = load_profile(profile)
+    where = f"gelu.{variant}"
+    if math not in MATHS:
+        raise ConstraintError(f"{where}: math must be one of {MATHS}, got {math!r}")
+    n = int(np.prod(shape, dtype=np.int64))
+    tile = prof.tile("gelu_tile") if tile is None else inputs.positive_int(tile, "tile", where)
+    b = dtypes.itemsize(dtype)
+    temps = 5 if variant == "erf" else (2 if dtype == "fp32" else 4)
+    per_elem = 2 * b + 4 * temps  # UB bytes per tile element: in + out + fp32 temps
+    block = prof.align_bytes // b
+    hint = f"use tile <= {prof.ub_bytes // per_elem // block * block} (multiple of {block})"
+    buffers = [
+        vector_tile("x_ub", (tile,), dtype, prof, where, hint),
+        vector_tile("y_ub", (tile,), dtype, prof, where, hint),
+    ] + [vector_tile(f"tmp{i}_ub", (tile,), "fp32", prof, where, hint) for i in range(temps)]
+    ops = OPS[variant] + (CAST_OPS if dtype != "fp32" else 0)
+    k = KernelPlan(
+        name=f"gelu_{variant}",
+        unit="vector",
+        tasks=-(-n // tile),
+        buffers=tuple(buffers),
+        gm_read_bytes=n * b,
+        gm_write_bytes=n * b,
+        vector_ops=n * ops,
+    )
+    return Plan(op="gelu", strategy=variant, dtype=dtype, profile=prof, kernels=(k,),
+                params={"tile": tile, "math": math, "ops_per_elem": ops}, hint=hint)
+
+
+def plan_tanh(shape, dtype="fp32", *, profile=None, tile=None, math="fp32") -> Plan:
+    """Plan of :func:`tanh` for an input of ``shape`` and storage ``dtype`` (no data needed)."""
+    return _plan("tanh", shape, dtype, profile, tile, math)
+
+
+def plan_erf(shape, dtype="fp32", *, profile=None, tile=None, math="fp32") -> Plan:
+    """Plan of :func:`erf` for an input of ``shape`` and storage ``dtype`` (no data needed)."""
+    return _plan("erf", shape, dtype, profile, tile, math)
+
+
+# ---------------------------------------------------------------------------------------------
+# public strategies
+
+
+def _run(variant: str, x, profile, tile, math):
+    where = f"gelu.{variant}"
+    xt = inputs.tensor(x, "x", where)
+    p = _plan(variant, xt.shape, xt.dtype, profile, tile, math)
+    out, out_k = dtypes.empty(xt.shape, xt.dtype)
+    with Launch(p, [xt.shape]) as run:
+        run.count(
+            _gelu_kernel(
+                xt.kview.reshape(-1),
+                out_k.reshape(-1),
+                p.params["tile"],
+                variant == "erf",
+                p.params["math"] == "storage",
+                p.params["ops_per_elem"],
+            )
+        )
+        run.workspace(xt.copied_bytes)
+    return out
+
+
+@register("gelu", "tanh", plan=plan_tanh, summary="tanh approximation, one vector kernel")
+def tanh(x, *, profile=None, tile=None, math="fp32"):
+    """GELU by the tanh approximation: ``0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))``.
+
+    ``tile``: UB tile in elements (default: the profile's ``gelu_tile``); ``math="storage"``
+    rounds every intermediate to the storage dtype (default ``"fp32"``: one cast at the end).
+    """
+    return _run("tanh", x, profile, tile, math)
+
+
+@register("gelu", "erf", plan=plan_erf, summary="exact erf form, one vector kernel")
+def erf(x, *, profile=None, tile=None, math="fp32"):
+    """Exact GELU: ``0.5*x*(1 + erf(x/sqrt(2)))``. Options as :func:`tanh`."""
+    return _run("erf", x, profile, tile, math)

@@ -1,0 +1,112 @@
+"""Validation of public inputs, done in Python before any kernel runs.
+
+Every check names the op and strategy (``where``), the argument, the offending value, the limit
+and a way out. Nothing reaches a kernel unless its shape, dtype and size are valid, so kernels
+never read outside an array.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import numpy as np
+
+from .errors import ConstraintError, DTypeError, ShapeError, TileError
+from .machine import dtypes
+
+ACCEPTED = "float32, float16 or ml_dtypes.bfloat16"
+INT32_MAX = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """A validated storage tensor: the contiguous array, its storage dtype name and kernel view."""
+
+    array: np.ndarray
+    dtype: str
+    kview: np.ndarray
+    copied_bytes: int  # > 0 when a non-contiguous input was copied (counted as workspace)
+
+    @property
+    def shape(self) -> tuple:
+        return self.array.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.array.ndim
+
+
+def tensor(x, name: str, where: str, *, min_rank: int = 1, max_rank: int = None) -> Tensor:
+    """Validate a floating-point storage tensor argument."""
+    if isinstance(x, np.generic):  # a numpy scalar: judged as the 0-d array it is
+        x = np.asarray(x)
+    if not isinstance(x, np.ndarray):
+        raise DTypeError(
+            f"{where}: {name} must be a numpy array of {ACCEPTED}, got {type(x).__name__}; "
+            f"use numpy.asarray({name}, dtype=numpy.float32)"
+        )
+    kind = dtypes.storage_name(x.dtype)
+    if kind is None:
+        raise DTypeError(
+            f"{where}: {name} has dtype {x.dtype}; accepted: {ACCEPTED}; "
+            f"convert with {name}.astype(numpy.float32)"
+        )
+    check_rank(x.shape, name, where, min_rank=min_rank, max_rank=max_rank)
+    check_size(x.shape, name, where)
+    copied = 0
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
+        copied = x.nbytes
+    return Tensor(array=x, dtype=kind, kview=dtypes.kernel_view(x), copied_bytes=copied)
+
+
+def check_rank(shape, name: str, where: str, *, min_rank: int = 1, max_rank: int = None):
+    rank = len(shape)
+    if rank < min_rank or (max_rank is not None and rank > max_rank):
+        want = f"{min_rank}" if max_rank == min_rank else (
+            f"at least {min_rank}" if max_rank is None else f"{min_rank} to {max_rank}"
+        )
+        raise ShapeError(f"{where}: {name} must have {want} dims, got shape {tuple(shape)}")
+
+
+def check_size(shape, name: str, where: str):
+    if any(d == 0 for d in shape):
+        raise ShapeError(
+            f"{where}: {name} has shape {tuple(shape)} with a zero-size dim; PyPTO tensors must be "
+            f"non-empty"
+        )
+    n = math.prod(shape)
+    if n > INT32_MAX:
+        raise ConstraintError(
+            f"{where}: {name} has {n} elements, more than PyPTO's INT32_MAX = {INT32_MAX} limit on "
+            f"shape size; split the tensor"
+        )
+
+
+def same_dtype(where: str, **named: Tensor) -> str:
+    """All named tensors share one storage dtype; returns it."""
+    kinds = {name: t.dtype for name, t in named.items()}
+    if len(set(kinds.values())) > 1:
+        listed = ", ".join(f"{n}={k}" for n, k in kinds.items())
+        raise DTypeError(f"{where}: inputs must share one storage dtype, got {listed}; cast them to one")
+    return next(iter(kinds.values()))
+
+
+def positive_int(value, name: str, where: str, *, error=TileError) -> int:
+    """An option that must be a positive integer (tile sizes, counts)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise error(f"{where}: {name} must be a positive integer, got {value!r}")
+    if value <= 0:
+        raise error(f"{where}: {name} must be a positive integer, got {value}")
+    return int(value)
+
+
+def axis(dim, ndim: int, name: str, where: str) -> int:
+    """Normalise a (possibly negative) dim index."""
+    if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, numbers.Integral):
+        raise ShapeError(f"{where}: {name} must be an int, got {dim!r}")
+    if not -ndim <= dim < ndim:
+        raise ShapeError(f"{where}: {name}={dim} is out of range for a {ndim}-d input (valid: {-ndim}..{ndim - 1})")
+    return int(dim) % ndim

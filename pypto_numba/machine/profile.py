@@ -1,0 +1,238 @@
+"""Hardware profiles: the NPU's buffers, rules, cores and rates, loaded from ``tiles/*.toml``.
+
+The TOML files are the single source of truth for every hardware number. A profile may name a
+``base`` profile and override only what differs. The active profile is, in order: the innermost
+``use_profile(...)`` of the current thread/context, ``$PYPTO_NUMBA_PROFILE``, ``ascend910b``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on CPython 3.10 by tox
+    import tomli as tomllib
+
+from ..errors import PyptoNumbaError
+
+DEFAULT_PROFILE = "ascend910b"
+ENV_VAR = "PYPTO_NUMBA_PROFILE"
+
+
+class ProfileError(PyptoNumbaError, KeyError):
+    """An unknown or malformed hardware profile."""
+
+    def __str__(self):  # KeyError would otherwise repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _tiles_dir() -> Path:
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "tiles", here.parent / "tiles"):  # wheel, then source tree
+        if candidate.is_dir():
+            return candidate
+    raise ProfileError(f"no tiles/ directory found next to {here}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareProfile:
+    """One NPU's numbers. Sizes in bytes, rates per second."""
+
+    name: str
+    description: str
+    # buffers
+    ub_bytes: int
+    l1_bytes: int
+    l0a_bytes: int
+    l0b_bytes: int
+    l0c_bytes: int
+    bt_bytes: int
+    fb_bytes: int
+    # rules
+    align_bytes: int
+    max_tile_rank: int
+    reduce_tile_max_bytes: int
+    topk_tile_max_bytes: int
+    matmul_inner_max: int
+    max_elements: int
+    cube_fractal: tuple
+    # cores
+    cube_cores: int
+    vector_cores: int
+    clock_hz: float
+    # rates (for the NPU-time estimate)
+    gm_bytes_per_s: float
+    cube_flops_per_s: float
+    cube_fp32_flops_per_s: float
+    vector_ops_per_s: float
+    launch_s: float
+    # default tile shapes per op
+    tiles: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+    def tile(self, key: str):
+        """The default tile for ``key`` (e.g. ``"gelu_tile"``); KeyError names the profile."""
+        try:
+            return self.tiles[key]
+        except KeyError:
+            raise ProfileError(
+                f"profile {self.name!r} has no default tile {key!r}; known: {sorted(self.tiles)}"
+            ) from None
+
+    def capacity(self, level: str) -> int:
+        """Capacity in bytes of buffer level ``UB``, ``L1``, ``L0A``, ``L0B``, ``L0C`` or ``BT``."""
+        return {
+            "UB": self.ub_bytes,
+            "L1": self.l1_bytes,
+            "L0A": self.l0a_bytes,
+            "L0B": self.l0b_bytes,
+            "L0C": self.l0c_bytes,
+            "BT": self.bt_bytes,
+            "FB": self.fb_bytes,
+        }[level]
+
+
+_FIELDS = {
+    ("memory", "ub_bytes"): int,
+    ("memory", "l1_bytes"): int,
+    ("memory", "l0a_bytes"): int,
+    ("memory", "l0b_bytes"): int,
+    ("memory", "l0c_bytes"): int,
+    ("memory", "bt_bytes"): int,
+    ("memory", "fb_bytes"): int,
+    ("rules", "align_bytes"): int,
+    ("rules", "max_tile_rank"): int,
+    ("rules", "reduce_tile_max_bytes"): int,
+    ("rules", "topk_tile_max_bytes"): int,
+    ("rules", "matmul_inner_max"): int,
+    ("rules", "max_elements"): int,
+    ("rules", "cube_fractal"): tuple,
+    ("cores", "cube"): int,
+    ("cores", "vector"): int,
+    ("cores", "clock_hz"): float,
+    ("rates", "gm_bytes_per_s"): float,
+    ("rates", "cube_flops_per_s"): float,
+    ("rates", "cube_fp32_flops_per_s"): float,
+    ("rates", "vector_ops_per_s"): float,
+    ("rates", "launch_s"): float,
+}
+_RENAME = {("cores", "cube"): "cube_cores", ("cores", "vector"): "vector_cores"}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read(name: str, seen: tuple = ()) -> dict:
+    path = _tiles_dir() / f"{name}.toml"
+    if not path.is_file():
+        raise ProfileError(
+            f"unknown hardware profile {name!r}; known profiles: {', '.join(profiles())} "
+            f"(files in {_tiles_dir()})"
+        )
+    if name in seen:
+        raise ProfileError(f"profile {name!r}: 'base' chain loops through {seen}")
+    with open(path, "rb") as fh:
+        try:
+            data = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise ProfileError(f"profile file {path} is not valid TOML: {exc}") from None
+    base = data.pop("base", None)
+    if base is not None:
+        data = _merge(_read(base, seen + (name,)), data)
+    return data
+
+
+def _build(name: str, data: dict) -> HardwareProfile:
+    kwargs = {"name": data.get("name", name), "description": data.get("description", "")}
+    for (section, key), kind in _FIELDS.items():
+        try:
+            raw = data[section][key]
+        except KeyError:
+            raise ProfileError(f"profile {name!r} lacks [{section}] {key}") from None
+        try:
+            value = tuple(int(v) for v in raw) if kind is tuple else kind(raw)
+        except (TypeError, ValueError):
+            raise ProfileError(f"profile {name!r}: [{section}] {key} = {raw!r} is not a {kind.__name__}") from None
+        if kind is not tuple and value <= 0:
+            raise ProfileError(f"profile {name!r}: [{section}] {key} = {raw!r} must be > 0")
+        kwargs[_RENAME.get((section, key), key)] = value
+    tiles = {}
+    for key, value in data.get("tiles", {}).items():
+        tiles[key] = _freeze(value)
+    kwargs["tiles"] = tiles
+    return HardwareProfile(**kwargs)
+
+
+def _freeze(value):
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def profiles() -> list:
+    """Names of the profiles shipped in ``tiles/``, sorted."""
+    return sorted(p.stem for p in _tiles_dir().glob("*.toml"))
+
+
+@lru_cache(maxsize=None)
+def _load(name: str) -> HardwareProfile:
+    return _build(name, _read(name))
+
+
+def load_profile(name=None) -> HardwareProfile:
+    """The profile called ``name`` (a HardwareProfile passes through); None -> the active one."""
+    if name is None:
+        return active_profile()
+    if isinstance(name, HardwareProfile):
+        return name
+    if not isinstance(name, str):
+        raise ProfileError(f"profile must be a name or a HardwareProfile, not {type(name).__name__}")
+    return _load(name)
+
+
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("pypto_numba_profile", default=None)
+
+
+def active_profile() -> HardwareProfile:
+    """The profile in force: innermost ``use_profile``, else ``$PYPTO_NUMBA_PROFILE``, else the default."""
+    current = _ACTIVE.get()
+    if current is not None:
+        return current
+    return _load(os.environ.get(ENV_VAR) or DEFAULT_PROFILE)
+
+
+class use_profile:
+    """Make ``name`` the active profile: ``with use_profile("ascend950"): ...``.
+
+    Called without ``with`` it switches the profile for the current context until
+    :meth:`restore` (or the end of the thread).
+    """
+
+    def __init__(self, name):
+        self.profile = load_profile(name)
+        self._token = _ACTIVE.set(self.profile)
+
+    def restore(self):
+        if self._token is not None:
+            _ACTIVE.reset(self._token)
+            self._token = None
+
+    def __enter__(self) -> HardwareProfile:
+        return self.profile
+
+    def __exit__(self, *exc):
+        self.restore()
+        return False

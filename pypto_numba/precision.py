@@ -1,0 +1,148 @@
+"""Error metrics against the float64 reference, and PyPTO's pass/fail tolerance policies.
+
+Three named policies, as PyPTO users apply them (npu-facts section 6):
+
+``allclose``
+    ``numpy.testing.assert_allclose``: every element ``|a - r| <= atol + rtol*|r|``. Most gym
+    model tests. Default (rtol, atol): fp32 (1e-3, 1e-4), fp16 (1e-3, 1e-3), bf16 (2^-7, 1e-4)
+    (the common bf16 convention: rtol = bf16 epsilon).
+``outlier``
+    gym ``compare()``: any NaN/Inf where the reference is finite fails; at most
+    ``round(0.005 * numel)`` elements may break ``|a - r| <= atol + rtol*|r|`` (the 0.5 % rule).
+    Same default tolerances as ``allclose``.
+``dual``
+    pypto ``compare_accuracy.py``: element tolerance ``(|a| + |r|)*rtol/2 + atol``; above it an
+    element "warns", above 128x it "fails"; PASS iff no element fails and the warnings are at most
+    ``min(max(16, sqrt(n_nonzero)/2), n_nonzero*min(rtol, atol))``. Default (rtol, atol): fp32
+    (1e-3, 1e-4), fp16 (1e-3, 1e-3), bf16 (5e-3, 5e-2).
+
+Every op's tests may pass their own (rtol, atol) -- the ones PyPTO's own tests use -- and a
+comparison always names the policy and tolerances it applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+POLICIES = ("allclose", "outlier", "dual")
+DEFAULT_POLICY = "allclose"
+
+_TOL = {
+    "allclose": {"fp32": (1e-3, 1e-4), "fp16": (1e-3, 1e-3), "bf16": (2.0**-7, 1e-4)},
+    "outlier": {"fp32": (1e-3, 1e-4), "fp16": (1e-3, 1e-3), "bf16": (2.0**-7, 1e-4)},
+    "dual": {"fp32": (1e-3, 1e-4), "fp16": (1e-3, 1e-3), "bf16": (5e-3, 5e-2)},
+}
+OUTLIER_FRACTION = 0.005
+DUAL_FAIL_FACTOR = 128.0
+
+# mantissa bits and smallest normal exponent of each storage dtype (for ulp errors)
+_FORMAT = {"fp32": (23, -126), "bf16": (7, -126), "fp16": (10, -14)}
+
+
+def tolerances(policy: str, dtype: str) -> tuple:
+    """Default (rtol, atol) of ``policy`` for output dtype ``dtype``."""
+    _check_policy(policy)
+    return _TOL[policy][dtype if dtype in _TOL[policy] else "fp32"]
+
+
+def _check_policy(policy: str):
+    if policy not in POLICIES:
+        from .errors import PyptoNumbaError
+
+        raise PyptoNumbaError(f"unknown tolerance policy {policy!r}; known: {', '.join(POLICIES)}")
+
+
+def ulp(ref: np.ndarray, dtype: str) -> np.ndarray:
+    """Spacing of ``dtype`` at the magnitude of each reference value (float64)."""
+    mant, emin = _FORMAT[dtype]
+    mag = np.abs(ref)
+    with np.errstate(divide="ignore"):
+        exp = np.where(mag > 0, np.floor(np.log2(np.where(mag > 0, mag, 1.0))), emin)
+    exp = np.maximum(exp, emin)  # subnormal range: the spacing stays that of the smallest normal
+    return np.exp2(exp - mant)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """Precision of one output against its reference, and the verdict of one policy."""
+
+    max_abs: float
+    max_rel: float
+    max_ulps: float
+    mean_abs: float
+    policy: str
+    rtol: float
+    atol: float
+    passed: bool
+    bad: int  # elements over tolerance (warnings for "dual")
+    allowed: int  # elements the policy lets exceed tolerance
+    numel: int
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.passed else "FAIL"
+
+    def __str__(self):
+        return (
+            f"{self.verdict} [{self.policy} rtol={self.rtol:g} atol={self.atol:g}] max_abs={self.max_abs:.3g} "
+            f"max_rel={self.max_rel:.3g} ulps={self.max_ulps:.3g} bad={self.bad}/{self.numel}"
+        )
+
+
+def evaluate(actual, reference, dtype: str, policy: str = DEFAULT_POLICY, rtol: float = None, atol: float = None) -> Result:
+    """Compare ``actual`` (any float dtype) with the float64 ``reference`` under ``policy``."""
+    _check_policy(policy)
+    a = np.asarray(actual).astype(np.float64)
+    r = np.asarray(reference, dtype=np.float64)
+    if a.shape != r.shape:
+        from .errors import ShapeError
+
+        raise ShapeError(f"precision: actual shape {a.shape} != reference shape {r.shape}")
+    d_rtol, d_atol = tolerances(policy, dtype)
+    rtol = d_rtol if rtol is None else float(rtol)
+    atol = d_atol if atol is None else float(atol)
+    n = a.size
+    both_nan = np.isnan(a) & np.isnan(r)
+    same_inf = np.isinf(r) & (a == r)
+    exact = both_nan | same_inf
+    finite_ref = np.isfinite(r)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(exact, 0.0, np.abs(a - r))
+        err = np.where(np.isnan(err), np.inf, err)  # NaN where a number was due counts as infinite
+        rel = err / np.maximum(np.abs(r), np.finfo(np.float64).tiny)
+        ulps = err / ulp(np.where(finite_ref, r, 0.0), dtype if dtype in _FORMAT else "fp32")
+    max_abs = float(err.max()) if n else 0.0
+    max_rel = float(np.where(exact, 0.0, rel).max()) if n else 0.0
+    max_ulps = float(np.where(exact, 0.0, ulps).max()) if n else 0.0
+    mean_abs = float(np.where(np.isfinite(err), err, 0.0).mean()) if n else 0.0
+    nonfinite_bad = int(np.count_nonzero(~np.isfinite(err)))
+
+    if policy in ("allclose", "outlier"):
+        over = err > atol + rtol * np.abs(np.where(finite_ref, r, 0.0))
+        bad = int(np.count_nonzero(over))
+        allowed = 0 if policy == "allclose" else int(round(OUTLIER_FRACTION * n))
+        passed = bad <= allowed and (policy == "allclose" or nonfinite_bad == 0)
+    else:
+        tol = (np.abs(np.where(np.isfinite(a), a, 0.0)) + np.abs(np.where(finite_ref, r, 0.0))) * rtol / 2 + atol
+        warn = err > tol
+        fail = err > DUAL_FAIL_FACTOR * tol
+        nonzero = int(np.count_nonzero(r))
+        allowed = int(min(max(16, math.sqrt(nonzero) / 2), nonzero * min(rtol, atol)))
+        bad = int(np.count_nonzero(warn))
+        passed = not fail.any() and bad <= allowed
+    return Result(
+        max_abs=max_abs,
+        max_rel=max_rel,
+        max_ulps=max_ulps,
+        mean_abs=mean_abs,
+        policy=policy,
+        rtol=rtol,
+        atol=atol,
+        passed=bool(passed),
+        bad=bad,
+        allowed=allowed,
+        numel=n,
+    )

@@ -1,0 +1,234 @@
+"""The strategy registry, the run protocol that counts what kernels do, and ``trace()``.
+
+Every public strategy function is registered with :func:`register` and runs its kernels inside a
+:class:`Launch`, which checks the counted work against the plan's kernels and records the call in
+every active :func:`trace`. The convention that ties kernels to plans: **every kernel returns the
+tuple** ``(tasks, gm_read_bytes, gm_write_bytes, vector_ops, cube_flops)``, counted with integer
+``prange`` reductions at the points where the kernel moves or computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import importlib
+import time
+
+from .machine.cost import Cost
+from .machine.plan import Plan
+
+OPS = ("gelu", "mean", "rope", "attention", "repeat_kv", "moe", "linear", "embedding")
+
+# The seed document's recommendation per op (../shared/seed, section 十): preferred strategy,
+# alternative, deciding criterion. Measurements in compare/advise are set against these.
+SEED = {
+    "gelu": ("tanh", "erf", "tanh by default; erf has no verified hardware acceleration and gains nothing in bf16/fp16"),
+    "mean": ("sum_div", None, "sum(dim)/N with the fp32 cast before sum; no alternative"),
+    "rope": ("standard", "fused_rmsnorm", "fuse RMSNorm+RoPE when the two are adjacent: saves GM traffic"),
+    "attention": ("online", "flash", "decode long sequences must be tiled (online); reuse a mature fused kernel (flash) in production; whole-row (standard) FAILs"),
+    "repeat_kv": ("expand_clone", None, "expand_clone at decode (S=1 makes the copy negligible); head-loop reuse for long prefill"),
+    "moe": ("sigmoid_gating", "softmax_gating", "sigmoid gating (GLM, DeepSeek); softmax when the model's router requires it"),
+    "linear": ("fused_bias", "matmul_add", "fused bias: one kernel and one GM round trip fewer"),
+    "embedding": ("gather", "index_select", "gather takes [B, S] ids without flatten; index_select for 1-D ids"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """A registered strategy: its op, name, public function and plan function."""
+
+    op: str
+    name: str
+    fn: object
+    plan: object
+    summary: str = ""
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.op}.{self.name}"
+
+    @property
+    def recommended(self) -> bool:
+        """Whether the seed document recommends this strategy for its op."""
+        return SEED.get(self.op, (None,))[0] == self.name
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+_REGISTRY: dict = {}
+
+
+def register(op: str, name: str, *, plan, summary: str = ""):
+    """Decorator registering ``fn`` as strategy ``op.name``; attaches ``fn.plan`` and ``fn.strategy``."""
+
+    def wrap(fn):
+        entry = Strategy(op=op, name=name, fn=fn, plan=plan, summary=summary or (fn.__doc__ or "").strip().split("\n")[0])
+        _REGISTRY.setdefault(op, {})[name] = entry
+        fn.plan = plan
+        fn.strategy = entry
+        return fn
+
+    return wrap
+
+
+def _load_all():
+    for op in OPS:
+        with contextlib.suppress(ModuleNotFoundError):
+            importlib.import_module(f"pypto_numba.{op}")
+
+
+def strategies(op: str = None):
+    """The registry. ``strategies()`` -> {op: [Strategy, ...]}; ``strategies("gelu")`` -> [Strategy, ...].
+
+    Each Strategy has ``.name``, ``.fn``, ``.plan``, ``.summary`` and ``.recommended`` (the seed's
+    choice); ``SEED[op]`` holds the seed's preferred/alternative/criterion.
+    """
+    _load_all()
+    if op is None:
+        return {o: list(_REGISTRY[o].values()) for o in OPS if o in _REGISTRY}
+    if op not in _REGISTRY:
+        from .errors import PyptoNumbaError
+
+        raise PyptoNumbaError(f"unknown op {op!r}; known ops: {', '.join(o for o in OPS if o in _REGISTRY)}")
+    return list(_REGISTRY[op].values())
+
+
+def get(op: str, name: str) -> Strategy:
+    """The strategy ``op.name``."""
+    for entry in strategies(op):
+        if entry.name == name:
+            return entry
+    from .errors import PyptoNumbaError
+
+    raise PyptoNumbaError(
+        f"unknown strategy {op}.{name}; {op} has: {', '.join(e.name for e in strategies(op))}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# trace
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One call of a strategy: what it ran on, what it counted, what its plan predicted."""
+
+    op: str
+    strategy: str
+    shapes: tuple
+    dtype: str
+    cost: Cost
+    planned: Cost
+    seconds: float
+    profile: str
+    params: dict = dataclasses.field(default_factory=dict)
+
+
+class Trace:
+    """Records of every strategy call made while the trace was active."""
+
+    def __init__(self):
+        self.records = []
+
+    @property
+    def total(self) -> Cost:
+        """The summed counted Cost of all records."""
+        return sum((r.cost for r in self.records), Cost())
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.records)
+
+    def __len__(self):
+        return len(self.records)
+
+
+_TRACES: contextvars.ContextVar = contextvars.ContextVar("pypto_numba_traces", default=())
+
+
+@contextlib.contextmanager
+def trace():
+    """``with trace() as t:`` records every strategy call in ``t.records`` (nested traces too)."""
+    t = Trace()
+    token = _TRACES.set(_TRACES.get() + (t,))
+    try:
+        yield t
+    finally:
+        _TRACES.reset(token)
+
+
+# ---------------------------------------------------------------------------------------------
+# running kernels
+
+
+class Launch:
+    """Runs one call of a strategy: collects each kernel's counted work, then records the call.
+
+    ``with Launch(plan, shapes) as run: run.count(kernel(...))`` -- one ``count`` per kernel, in
+    the order of ``plan.kernels``. Buffer peaks come from the plan's kernel (the kernels run with
+    the plan's tiles); tasks, GM bytes, vector ops and cube FLOPs come from the kernel itself.
+    """
+
+    def __init__(self, plan: Plan, shapes):
+        self.plan = plan
+        self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
+        self._costs = []
+        self._extra_workspace = 0
+
+    def count(self, counted, *, workspace_bytes: int = 0):
+        """Record the next kernel's counters ``(tasks, gm_read, gm_write, vector_ops, cube_flops)``."""
+        index = len(self._costs)
+        if index >= len(self.plan.kernels):
+            raise RuntimeError(f"{self.plan.where}: more kernels ran than the plan declares")
+        tasks, gm_read, gm_write, vector_ops, cube_flops = (int(v) for v in counted)
+        planned = self.plan.kernels[index].cost
+        self._costs.append(
+            dataclasses.replace(
+                planned,
+                tasks=tasks,
+                gm_read_bytes=gm_read,
+                gm_write_bytes=gm_write,
+                vector_ops=vector_ops,
+                cube_flops=cube_flops,
+                workspace_bytes=int(workspace_bytes),
+            )
+        )
+
+    def workspace(self, nbytes: int):
+        """Extra GM workspace of the call that no single kernel owns (e.g. a contiguous copy)."""
+        self._extra_workspace += int(nbytes)
+
+    @property
+    def counted(self) -> Cost:
+        total = sum(self._costs, Cost())
+        if self._extra_workspace:
+            total = dataclasses.replace(total, workspace_bytes=total.workspace_bytes + self._extra_workspace)
+        return total
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        seconds = time.perf_counter() - self._t0
+        if exc_type is not None:
+            return False
+        traces = _TRACES.get()
+        if traces:
+            record = Record(
+                op=self.plan.op,
+                strategy=self.plan.strategy,
+                shapes=self.shapes,
+                dtype=self.plan.dtype,
+                cost=self.counted,
+                planned=self.plan.cost,
+                seconds=seconds,
+                profile=self.plan.profile.name,
+                params=dict(self.plan.params),
+            )
+            for t in traces:
+                t.records.append(record)
+        return False
+
