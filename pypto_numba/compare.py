@@ -221,7 +221,7 @@ def compare(op: str, *inputs, strategies=None, policy=None, repeats: int = 5, pr
 def parse_shape(text: str) -> tuple:
     """``"8,11008"`` -> (8, 11008); a clear ShapeError otherwise."""
     try:
-        shape = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+        shape = tuple(int(p) for p in text.split(","))
     except ValueError:
         raise ShapeError(f"--shape must be comma-separated integers like 8,11008, got {text!r}") from None
     if not shape or any(d <= 0 for d in shape):
