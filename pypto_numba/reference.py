@@ -137,23 +137,29 @@ def _topk_desc(scores: np.ndarray, k: int) -> np.ndarray:
     return order[..., :k]
 
 
+def _moe_group_filter(sel, n_group, topk_group, group_score):
+    """Selection scores with the experts outside the best ``topk_group`` groups set to -inf."""
+    if n_group <= 1:
+        return sel
+    T, E = sel.shape
+    g = sel.reshape(T, n_group, E // n_group)
+    if group_score == "max":
+        gs = g.max(axis=-1)
+    else:
+        gs = np.sort(g, axis=-1)[..., -2:].sum(axis=-1)
+    keep = _topk_desc(gs, topk_group)
+    eligible = np.zeros((T, n_group), dtype=bool)
+    np.put_along_axis(eligible, keep, True, axis=-1)
+    eligible = np.repeat(eligible, E // n_group, axis=-1)
+    return np.where(eligible, sel, -np.inf)
+
+
 def moe_sigmoid_gating(logits, top_k, bias=None, n_group=1, topk_group=1, group_score="max",
                        renormalize=True, routed_scaling_factor=1.0, eps=1e-20):
     """DeepSeek-V3 / GLM-4.5 routing. Returns (weights float64[T, k], ids int64[T, k])."""
     s = 1.0 / (1.0 + np.exp(-f64(logits)))
-    T, E = s.shape
     sel = s + (f64(bias)[None, :] if bias is not None else 0.0)
-    if n_group > 1:
-        g = sel.reshape(T, n_group, E // n_group)
-        if group_score == "max":
-            gs = g.max(axis=-1)
-        else:
-            gs = np.sort(g, axis=-1)[..., -2:].sum(axis=-1)
-        keep = _topk_desc(gs, topk_group)
-        eligible = np.zeros((T, n_group), dtype=bool)
-        np.put_along_axis(eligible, keep, True, axis=-1)
-        eligible = np.repeat(eligible, E // n_group, axis=-1)
-        sel = np.where(eligible, sel, -np.inf)
+    sel = _moe_group_filter(sel, n_group, topk_group, group_score)
     ids = _topk_desc(sel, top_k)
     w = np.take_along_axis(s, ids, axis=-1)
     if renormalize:
@@ -161,12 +167,17 @@ def moe_sigmoid_gating(logits, top_k, bias=None, n_group=1, topk_group=1, group_
     return w * routed_scaling_factor, ids
 
 
-def moe_softmax_gating(logits, top_k, renormalize=False, routed_scaling_factor=1.0):
-    """Mixtral / Qwen-MoE routing. Returns (weights float64[T, k], ids int64[T, k])."""
+def moe_softmax_gating(logits, top_k, renormalize=False, routed_scaling_factor=1.0, n_group=1,
+                       topk_group=1, group_score="max"):
+    """Mixtral / Qwen-MoE routing. Returns (weights float64[T, k], ids int64[T, k]).
+
+    ``n_group``/``topk_group``/``group_score``: the group filter of moe_sigmoid_gating applied to
+    the probabilities (PyPTO's moe_gating_topk with norm_type softmax).
+    """
     x = f64(logits)
     p = np.exp(x - x.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
-    ids = _topk_desc(p, top_k)
+    ids = _topk_desc(_moe_group_filter(p, n_group, topk_group, group_score), top_k)
     w = np.take_along_axis(p, ids, axis=-1)
     if renormalize:
         w = w / w.sum(axis=-1, keepdims=True)
