@@ -18,7 +18,7 @@ from .machine.profile import HardwareProfile, active_profile, load_profile, prof
 from .strategy import SEED, strategies, trace
 from .compare import compare
 
-from . import gelu, moe  # noqa: E402  (op modules register their strategies on import)
+from . import gelu, moe, rope  # noqa: E402  (op modules register their strategies on import)
 
 __version__ = "0.1.0"
 
@@ -40,6 +40,7 @@ __all__ = [
     "mean",
     "moe",
     "profiles",
+    "rope",
     "strategies",
     "trace",
     "use_profile",

@@ -1,0 +1,150 @@
+"""RoPE benchmarks: rope.standard / interleaved / rmsnorm / fused_rmsnorm on x[4096, 32, 128].
+
+The issue's targets (2 threads): ``rope.standard`` fp32 on x[4096, 32, 128] moves its bytes at
+>= 0.8x the bandwidth of a numba prange copy of the same bytes and runs >= 3x faster than an
+HF-style PyTorch RoPE (``x*cos + rotate_half(x)*sin``); ``fused_rmsnorm`` >= 1.3x faster than
+``rmsnorm`` followed by ``standard``.
+
+- ``RopeTime.time_*``: one call per strategy and dtype (kernels warmed up in setup()); the
+  output is allocated per call, as users call it.
+- ``RopeTrack.track_gm_bytes_*``: the plans' modelled GM traffic (read + write, deterministic);
+  ``track_gm_bytes_rmsnorm_then_standard`` is the sum of the two plans.
+- ``track_gbps_standard``: modelled GM bytes / median seconds (``out=`` preallocated).
+- ``track_vs_copy_standard``: copy time / rope time, median of alternating runs; the copy reads
+  and writes half the rope's modelled GM bytes each (x plus the cos/sin tables), so 1.0 = copy
+  bandwidth. ``_out``: rope writes into a preallocated ``out=`` (the copy peer's destination is
+  preallocated too); ``_alloc``: the default call, whose fresh output pages are faulted in.
+- ``track_vs_torch_standard``: torch HF-style time / rope time (> 1: we are faster), same
+  threads, same dtype, tables ``[S, 1, D]`` broadcast over heads. NaN without torch.
+- ``track_fused_vs_rmsnorm_then_standard``: (rmsnorm then standard) time / fused time, both
+  allocating their outputs. ``_out``: both with preallocated outputs.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from pypto_numba import rope
+
+from ._common import copy_peer, median_ratio, median_seconds, to_torch, torch_or_none
+
+S, H, D = 4096, 32, 128  # 16M elements: 64 MiB fp32 per tensor; setup ~1-3 s (warm cache)
+NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
+DTYPES = ["fp32", "bf16", "fp16"]
+STRATEGIES = ["standard", "interleaved", "rmsnorm", "fused_rmsnorm"]
+
+
+def _data(dtype):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((S, H, D), dtype=np.float32).astype(NP[dtype])
+    w = (1.0 + 0.1 * rng.standard_normal(D, dtype=np.float32)).astype(NP[dtype])
+    cos, sin = rope.cos_sin(np.arange(S), D, theta=1e6, dtype=NP[dtype])
+    return x, w, cos, sin
+
+
+def _calls(x, w, cos, sin, out=None, tmp=None):
+    return {
+        "standard": lambda: rope.standard(x, cos, sin, out=out),
+        "interleaved": lambda: rope.interleaved(x, cos, sin, out=out),
+        "rmsnorm": lambda: rope.rmsnorm(x, w, out=out),
+        "fused_rmsnorm": lambda: rope.fused_rmsnorm(x, w, cos, sin, out=out),
+        "rmsnorm_then_standard": lambda: rope.standard(rope.rmsnorm(x, w, out=tmp), cos, sin, out=out),
+    }
+
+
+def _torch_hf(torch, x, cos, sin):
+    """HF-style RoPE in torch (transformers' apply_rotary_pos_emb on x[S, H, D])."""
+    xt = to_torch(torch, x)
+    ct = to_torch(torch, cos)[:, None, :]
+    st = to_torch(torch, sin)[:, None, :]
+
+    def rotate_half(v):
+        v1 = v[..., : v.shape[-1] // 2]
+        v2 = v[..., v.shape[-1] // 2 :]
+        return torch.cat((-v2, v1), dim=-1)
+
+    return lambda: xt * ct + rotate_half(xt) * st
+
+
+class RopeTime:
+    params = (STRATEGIES + ["rmsnorm_then_standard"], DTYPES)
+    param_names = ["strategy", "dtype"]
+    timeout = 300
+    number = 1
+    repeat = (3, 10, 30.0)
+
+    def setup(self, strategy, dtype):
+        self.run = _calls(*_data(dtype))[strategy]
+        self.run()  # compile / load from cache outside the timing
+
+    def time_rope(self, strategy, dtype):
+        self.run()
+
+
+class RopeTrack:
+    params = (DTYPES,)
+    param_names = ["dtype"]
+    timeout = 900
+    repeat = 1
+    number = 1
+
+    def setup(self, dtype):
+        self.x, self.w, self.cos, self.sin = _data(dtype)
+        self.out = np.empty_like(self.x)
+        self.tmp = np.empty_like(self.x)
+        self.alloc = _calls(self.x, self.w, self.cos, self.sin)
+        self.pre = _calls(self.x, self.w, self.cos, self.sin, out=self.out, tmp=self.tmp)
+        for f in list(self.alloc.values()) + list(self.pre.values()):
+            f()
+        shapes = (self.x.shape, self.cos.shape)
+        self.plans = {
+            "standard": rope.plan_standard(*shapes, dtype),
+            "interleaved": rope.plan_interleaved(*shapes, dtype),
+            "rmsnorm": rope.plan_rmsnorm(self.x.shape, dtype),
+            "fused_rmsnorm": rope.plan_fused_rmsnorm(*shapes, dtype),
+        }
+
+    def track_gm_bytes_standard(self, dtype):
+        return self.plans["standard"].cost.gm_bytes
+
+    def track_gm_bytes_interleaved(self, dtype):
+        return self.plans["interleaved"].cost.gm_bytes
+
+    def track_gm_bytes_fused_rmsnorm(self, dtype):
+        return self.plans["fused_rmsnorm"].cost.gm_bytes
+
+    def track_gm_bytes_rmsnorm_then_standard(self, dtype):
+        return self.plans["rmsnorm"].cost.gm_bytes + self.plans["standard"].cost.gm_bytes
+
+    for _f in (track_gm_bytes_standard, track_gm_bytes_interleaved, track_gm_bytes_fused_rmsnorm,
+               track_gm_bytes_rmsnorm_then_standard):
+        _f.unit = "bytes"
+
+    def track_gbps_standard(self, dtype):
+        return self.plans["standard"].cost.gm_bytes / median_seconds(self.pre["standard"], 7) / 1e9
+
+    track_gbps_standard.unit = "GB/s"
+
+    def track_vs_copy_standard_out(self, dtype):
+        return median_ratio(self.pre["standard"], copy_peer(self.plans["standard"].cost.gm_bytes // 2), 7)
+
+    def track_vs_copy_standard_alloc(self, dtype):
+        return median_ratio(self.alloc["standard"], copy_peer(self.plans["standard"].cost.gm_bytes // 2), 7)
+
+    def track_vs_torch_standard(self, dtype):
+        torch = torch_or_none()
+        if torch is None:
+            return float("nan")
+        return median_ratio(self.alloc["standard"], _torch_hf(torch, self.x, self.cos, self.sin), 5)
+
+    def track_fused_vs_rmsnorm_then_standard(self, dtype):
+        return median_ratio(self.alloc["fused_rmsnorm"], self.alloc["rmsnorm_then_standard"], 7)
+
+    def track_fused_vs_rmsnorm_then_standard_out(self, dtype):
+        return median_ratio(self.pre["fused_rmsnorm"], self.pre["rmsnorm_then_standard"], 7)
+
+    for _f in (track_vs_copy_standard_out, track_vs_copy_standard_alloc, track_vs_torch_standard,
+               track_fused_vs_rmsnorm_then_standard, track_fused_vs_rmsnorm_then_standard_out):
+        _f.unit = "ratio"
+    del _f

@@ -1,0 +1,819 @@
+"""RoPE (split-half and GPT-J interleaved), per-head RMSNorm, and the fused Qwen3 RMSNorm+RoPE.
+
+Math (``x[..., S, H, D]``; ``cos``, ``sin``: ``[S, R]`` or ``[..., S, R]`` broadcast over the
+leading dims of x and over the H heads; ``R <= D`` even; dims ``R..D`` pass through unchanged)::
+
+    standard     h = R/2:  out[i]   = x[i]*cos[i]     - x[h+i]*sin[i]        (i < h)
+                           out[h+i] = x[h+i]*cos[h+i] + x[i]*sin[h+i]        (rotate_half, NeoX/HF)
+    interleaved  out[2k]   = x[2k]*cos[2k]     - x[2k+1]*sin[2k]             (k < R/2, GPT-J)
+                 out[2k+1] = x[2k+1]*cos[2k+1] + x[2k]*sin[2k+1]
+    rmsnorm      y = x * rsqrt(mean(x**2, over D) + eps) * weight            (weight[D])
+    fused        standard(rmsnorm(x, weight, eps), cos, sin), fp32 between the two
+    cos_sin      f[p, i] = positions[p] * theta**(-2i/R); cos = cos(cat(f, f)), sin = sin(cat(f, f))
+
+All math is fp32 with one cast to the storage dtype at the end (cos/sin and weight share x's
+storage dtype). ``rmsnorm`` also accepts ``x[S, D]`` (read as H=1) and ``x[D]``.
+
+Strategies (T = token tile, N = tokens = prod(x.shape[:-2]), n_lead = prod(x.shape[:-3]),
+tasks = n_lead*ceil(S/T), b = itemsize, X = N*H*D*b = the bytes of x)::
+
+    standard      1 vector kernel, GM read X + 2*N*R*b, write X
+    interleaved   1 vector kernel, GM read X + 2*N*R*b, write X   (+ gathermask split / assemble ops)
+    rmsnorm       1 vector kernel, GM read X + tasks*D*b, write X
+    fused_rmsnorm 1 vector kernel, GM read X + tasks*D*b + 2*N*R*b, write X
+    cos_sin       1 vector kernel, GM read 8*P + tasks*4*R (positions, inverse frequencies in
+                  float64), write 2*P*R*b
+
+``rmsnorm`` then ``standard`` costs 2 kernels and X read + X written more than ``fused_rmsnorm``
+(the normed tensor makes a GM round trip): 4X of x traffic instead of 2X, so on a memory-bound
+machine the fused kernel is up to 2x faster.
+
+Tiling (npu-facts 3, the Qwen3 q/k RMSNorm+RoPE kernel): one task = T tokens x all H heads x D
+(a contiguous ``T*H*D`` block of x), T from the profile's ``rope_token_tile`` (8); the last tile
+of each leading index is a valid-shape tail. UB per task (last dims padded to 32 B):
+
+- ``x_ub[T, H, D]`` storage (for 16-bit dtypes it takes the cast result back out: x is dead by then);
+- 16-bit: ``xf_ub[T, H, D]`` fp32 (the widened tile, rotated in place);
+- norm: ``sq_ub[T, H, D]`` fp32 (x*x, reduced over D -- a reduction tile, <= 64 KiB -- then reused
+  for the normed result), ``rstd_ub[T, H, 8]`` fp32, ``w_ub[D]`` (+ ``wf_ub[D]`` fp32 for 16-bit);
+- rope: ``cos_ub``, ``sin_ub[T, R]`` (+ fp32 copies for 16-bit);
+- interleaved: the gathermask even/odd halves ``x_even``, ``x_odd[T, H, R/2]`` and
+  ``cos_even``, ``cos_odd``, ``sin_even``, ``sin_odd[T, R/2]``, fp32.
+
+Qwen3 q (bf16, H=16, D=128, T=8): 32 + 64 + 64 + 4 + 0.75 + 12 KiB = 176.75 KiB <= 192 KiB, and
+sq_ub = 8*16*128*4 = 64 KiB: exactly the reduction limit, so T=8 is the largest token tile that
+kernel could use. With the default ``token_tile`` the plan lowers T until the tiles fit (recorded
+in ``plan.params["token_tile"]``); an explicit ``token_tile`` that does not fit is a TileError.
+
+On the CPU each token's H*D results are computed into a per-thread staging row (the out tile in
+UB) and copied out in one go; outputs of >= ``STREAM_MIN_BYTES`` (4 MiB) are copied out with
+streaming (non-temporal) stores, which skip the read-for-ownership of the destination lines that
+otherwise costs a third of the DRAM traffic of this memory-bound op. Every strategy takes
+``out=`` (x's shape and dtype; ``out=x`` works in place: a token is read before it is written).
+
+Vector ops per element (cast = 1 for bf16/fp16, else 0; rows = N*H): rope 3 per rotated element
+(2 mul + 1 add) + cast*(2 per rotated element + 2R per token for cos/sin); interleaved adds 2 per
+rotated element (gathermask split + assemble back) and 2R per token (gathermask of cos/sin);
+rmsnorm 4 per element (square, add, *rstd, *w) + 3 per row (/D, +eps, rsqrt) + cast*(2 per
+element + D per task for the weight); fused = rmsnorm + rope with the casts of the norm only.
+"""
+
+from __future__ import annotations
+
+import math as _math
+import numbers
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import inputs
+from .errors import ConstraintError, DTypeError, ShapeError
+from .machine import dtypes
+from .machine.jit import device, kernel
+from .machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_tile
+from .machine.profile import load_profile
+from .strategy import Launch, register
+
+ROPE_OPS = 3  # per rotated element: 2 mul + 1 add/sub
+SPLIT_OPS = 2  # interleaved, per rotated element: gathermask split + assemble back
+NORM_OPS = 4  # per element: x*x, sum, *rstd, *w
+ROW_OPS = 3  # per row: *1/D, +eps, rsqrt
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels: one prange iteration = T tokens x H heads x D (a pypto.loop iteration on a vector core)
+#
+# x and out come in as [tokens, H*D] kernel views (one token of all heads is contiguous), cos
+# and sin as [table rows, R]; cbase[l] is the first table row of leading index l (broadcasting
+# over the leading dims of x). Each token's H*D results are computed into a per-thread staging
+# row (the out tile in UB) and then copied out to GM in one go -- with streaming stores when
+# ``stream`` (large outputs).
+# Per-thread scratch comes in as arguments: numba.get_num_threads() inside a kernel would make
+# it uncacheable.
+
+_VEC_BYTES = 32  # one AVX vector: the unit of _stream_copy
+
+
+@intrinsic
+def _stream_copy(typingctx, dst, src, nbytes):
+    """Copy the first ``nbytes`` (a multiple of 32) of ``src`` to ``dst`` with streaming stores.
+
+    Why: a plain store first reads the destination cache line (read-for-ownership), so an
+    element-wise kernel moves 3 bytes of DRAM traffic for every 2 it needs and runs at ~0.5x of
+    a memcpy on this CPU; non-temporal stores skip that read (a scale loop went from 0.5x to
+    0.7-0.8x of copy). The loop is written in LLVM IR with explicit 32-byte vectors so that the
+    stores are ``vmovntdq`` whatever the vectoriser decides. They fault on a misaligned address:
+    ``dst`` (1-D, C-contiguous) must start on a 32-byte boundary (:func:`_copy_out` writes the
+    unaligned head with plain stores first). ``src`` needs no alignment.
+    """
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 1 and src.ndim == 1):
+        return None
+
+    def codegen(context, builder, sig, args):
+        d = context.make_array(sig.args[0])(context, builder, args[0])
+        s = context.make_array(sig.args[1])(context, builder, args[1])
+        vec = ir.VectorType(ir.IntType(32), _VEC_BYTES // 4)
+        dp = builder.bitcast(d.data, vec.as_pointer())
+        sp = builder.bitcast(s.data, vec.as_pointer())
+        count = builder.udiv(args[2], ir.Constant(args[2].type, _VEC_BYTES))
+        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with cgutils.for_range(builder, count) as loop:
+            v = builder.load(builder.gep(sp, [loop.index]), align=4)
+            store = builder.store(v, builder.gep(dp, [loop.index]), align=_VEC_BYTES)
+            store.set_metadata("nontemporal", nontemporal)
+        return context.get_dummy_value()
+
+    return types.void(dst, src, types.intp), codegen
+
+
+@intrinsic
+def _store_fence(typingctx):
+    """A full memory fence (``mfence``): streaming stores are weakly ordered, so each task that
+    issued them fences before it ends (as memcpy does after its non-temporal loop)."""
+
+    def codegen(context, builder, sig, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+# Inner loops index with uint64 offsets and no per-row array slices, for two measured reasons:
+# - a slice is a new array with a reference count: numba increments and decrements it with
+#   atomic calls, and with both threads doing that on the same arrays per head row the kernel
+#   ran at ~7 cycles per element;
+# - a signed index whose sign LLVM cannot prove (``h*D + i``) keeps numba's negative-index
+#   wraparound select, which turns vector loads into gathers or scalar code; unsigned indices
+#   have no wraparound.
+# Each loop also has one output and at most four inputs: LLVM vectorises a loop only if it
+# needs <= 8 runtime alias checks (one per store/load pair of distinct arrays).
+
+
+@device
+def _copy(src, s_off, dst, d_off, n):
+    """``dst[d_off:d_off+n] = src[s_off:s_off+n]`` (same dtype; uint64 offsets and count)."""
+    for i in range(n):
+        dst[d_off + i] = src[s_off + i]
+
+
+@device
+def _copy_out(orow, staged, n, stream):
+    """The staged token row -> GM: streaming stores for the 32-byte-aligned middle part when
+    ``stream``, plain stores for the rest. ``n``: int elements."""
+    size = staged.itemsize
+    done = 0
+    if stream:
+        pre = min(n, np.int64((-orow.ctypes.data) % _VEC_BYTES) // size)  # unaligned head
+        _copy(staged, np.uint64(0), orow, np.uint64(0), np.uint64(pre))
+        nbytes = (n - pre) * size // _VEC_BYTES * _VEC_BYTES
+        _stream_copy(orow[pre:], staged[pre:], nbytes)
+        done = pre + nbytes // size
+    _copy(staged, np.uint64(done), orow, np.uint64(done), np.uint64(n - done))
+
+
+@device
+def _rotate(src, s_off, dst, d_off, cf, sf, half):
+    """Split-half rotation of one head row ``src[s_off:]`` (storage or fp32) into ``dst[d_off:]``,
+    fp32 math, one cast. Offsets and ``half`` are uint64."""
+    for i in range(half):
+        a = dtypes.widen(src[s_off + i])
+        c = dtypes.widen(src[s_off + half + i])
+        dst[d_off + i] = dtypes.narrow(dst, a * cf[i] - c * sf[i])
+    for i in range(half):
+        a = dtypes.widen(src[s_off + i])
+        c = dtypes.widen(src[s_off + half + i])
+        dst[d_off + half + i] = dtypes.narrow(dst, c * cf[half + i] + a * sf[half + i])
+
+
+@kernel
+def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do_rope, cast, stream, fscratch, oscratch):
+    """rmsnorm (do_norm), standard rope (do_rope), or both fused with fp32 in between."""
+    HD = x.shape[1]
+    D = HD // H
+    R = cos.shape[1] if do_rope else 0
+    uD = np.uint64(D)
+    uR = np.uint64(R)
+    uhalf = np.uint64(R // 2)
+    n_lead = cbase.size
+    s_tiles = (S + T - 1) // T
+    b = x.itemsize
+    inv_d = np.float32(1.0 / D)
+    eps32 = np.float32(eps)
+    one = np.float32(1.0)
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    for task in prange(n_lead * s_tiles):
+        lead = task // s_tiles
+        s0 = (task % s_tiles) * T
+        valid = min(T, S - s0)  # valid shape of the tail tile
+        tid = numba.get_thread_id()
+        y = fscratch[tid, 0]  # the fp32 row (norm)
+        wf = fscratch[tid, 1]
+        cf = fscratch[tid, 2]
+        sf = fscratch[tid, 3]
+        staged = oscratch[tid]
+        if do_norm:
+            for j in range(D):
+                wf[j] = dtypes.widen(weight[j])
+        for t in range(valid):
+            if do_rope:
+                crow = cbase[lead] + s0 + t
+                for i in range(R):
+                    cf[i] = dtypes.widen(cos[crow, i])
+                    sf[i] = dtypes.widen(sin[crow, i])
+            xt = x[lead * S + s0 + t]
+            for h in range(H):
+                off = np.uint64(h) * uD
+                if do_norm:
+                    ss = np.float32(0.0)
+                    for j in range(uD):
+                        v = dtypes.widen(xt[off + j])
+                        y[j] = v
+                        ss += v * v
+                    rstd = one / np.sqrt(ss * inv_d + eps32)
+                    for j in range(uD):
+                        y[j] = y[j] * rstd * wf[j]
+                    _rotate(y, np.uint64(0), staged, off, cf, sf, uhalf)  # fp32 in, one cast
+                    for j in range(uR, uD):
+                        staged[off + j] = dtypes.narrow(staged, y[j])
+                else:
+                    _rotate(xt, off, staged, off, cf, sf, uhalf)
+                    _copy(xt, off + uR, staged, off + uR, uD - uR)  # pass-through: bit copy
+            _copy_out(out[lead * S + s0 + t], staged, HD, stream)
+        if stream:
+            _store_fence()
+        rows = valid * H
+        tasks += 1
+        gm_read += rows * D * b
+        gm_write += rows * D * b
+        ops = 0
+        if do_norm:
+            gm_read += D * b
+            ops += rows * D * NORM_OPS + rows * ROW_OPS + cast * (rows * D * 2 + D)
+        if do_rope:
+            gm_read += 2 * valid * R * b
+            ops += rows * R * ROPE_OPS + cast * valid * R * 2
+            if not do_norm:
+                ops += cast * rows * R * 2
+        vector_ops += ops
+    return tasks, gm_read, gm_write, vector_ops, 0
+
+
+@kernel
+def _interleaved_kernel(x, cos, sin, cbase, out, S, H, T, cast, stream, fscratch, oscratch):
+    """GPT-J RoPE: gathermask even/odd split (modes 1/2) to fp32, rotate, assemble interleaved."""
+    HD = x.shape[1]
+    D = HD // H
+    R = cos.shape[1]
+    uD = np.uint64(D)
+    uR = np.uint64(R)
+    uhalf = np.uint64(R // 2)
+    two = np.uint64(2)
+    n_lead = cbase.size
+    s_tiles = (S + T - 1) // T
+    b = x.itemsize
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    for task in prange(n_lead * s_tiles):
+        lead = task // s_tiles
+        s0 = (task % s_tiles) * T
+        valid = min(T, S - s0)
+        tid = numba.get_thread_id()
+        # x_even, x_odd, cos_even, cos_odd, sin_even, sin_odd, y_even, y_odd (fp32, R/2 each)
+        xe = fscratch[tid, 0]
+        xo = fscratch[tid, 1]
+        ce = fscratch[tid, 2]
+        co = fscratch[tid, 3]
+        se = fscratch[tid, 4]
+        so = fscratch[tid, 5]
+        ye = fscratch[tid, 6]
+        yo = fscratch[tid, 7]
+        staged = oscratch[tid]
+        for t in range(valid):
+            crow = cbase[lead] + s0 + t
+            for k in range(uhalf):  # gathermask mode 1 (even) and mode 2 (odd) of cos and sin
+                ce[k] = dtypes.widen(cos[crow, two * k])
+                co[k] = dtypes.widen(cos[crow, two * k + 1])
+                se[k] = dtypes.widen(sin[crow, two * k])
+                so[k] = dtypes.widen(sin[crow, two * k + 1])
+            xt = x[lead * S + s0 + t]
+            for h in range(H):
+                off = np.uint64(h) * uD
+                for k in range(uhalf):
+                    xe[k] = dtypes.widen(xt[off + two * k])
+                for k in range(uhalf):
+                    xo[k] = dtypes.widen(xt[off + two * k + 1])
+                for k in range(uhalf):  # rotate the halves
+                    ye[k] = xe[k] * ce[k] - xo[k] * se[k]
+                for k in range(uhalf):
+                    yo[k] = xo[k] * co[k] + xe[k] * so[k]
+                for k in range(uhalf):  # assemble back into pairs, one cast
+                    staged[off + two * k] = dtypes.narrow(staged, ye[k])
+                    staged[off + two * k + 1] = dtypes.narrow(staged, yo[k])
+                _copy(xt, off + uR, staged, off + uR, uD - uR)
+            _copy_out(out[lead * S + s0 + t], staged, HD, stream)
+        if stream:
+            _store_fence()
+        rows = valid * H
+        tasks += 1
+        gm_read += rows * D * b + 2 * valid * R * b
+        gm_write += rows * D * b
+        vector_ops += rows * R * (ROPE_OPS + SPLIT_OPS) + valid * 2 * R + cast * (rows * R * 2 + valid * R * 2)
+    return tasks, gm_read, gm_write, vector_ops, 0
+
+
+@kernel
+def _cos_sin_kernel(positions, inv_freq, cos, sin, T):
+    """HF tables cos/sin(cat(f, f)), f = position * inverse frequency, in float64, one cast."""
+    P = positions.size
+    half = inv_freq.size
+    R = 2 * half
+    b = cos.itemsize
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    for task in prange((P + T - 1) // T):
+        p0 = task * T
+        valid = min(T, P - p0)
+        for p in range(p0, p0 + valid):
+            for i in range(half):
+                angle = positions[p] * inv_freq[i]
+                c = dtypes.narrow(cos, np.float32(_math.cos(angle)))
+                s = dtypes.narrow(sin, np.float32(_math.sin(angle)))
+                cos[p, i] = c
+                cos[p, half + i] = c
+                sin[p, i] = s
+                sin[p, half + i] = s
+        tasks += 1
+        gm_read += valid * 8 + half * 8
+        gm_write += 2 * valid * R * b
+        vector_ops += valid * half * 3 + valid * 2 * R  # angle, cos, sin; casts of both tables
+    return tasks, gm_read, gm_write, vector_ops, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes and plans
+
+
+def _geometry(where, x_shape, cos_shape=None, *, rope=True, norm_only=False):
+    """(n_lead, S, H, D, R) of ``x[..., S, H, D]`` (and of the tables ``cos[..., S, R]``).
+
+    ``norm_only`` (rmsnorm) also reads x[S, D] as H=1 and x[D] as S=H=1.
+    """
+    x_shape = tuple(int(d) for d in x_shape)
+    if norm_only:
+        inputs.check_rank(x_shape, "x", where, min_rank=1)
+        full = (1,) * max(0, 3 - len(x_shape)) + x_shape
+        if len(x_shape) == 2:  # x[S, D]: one head per token
+            full = (x_shape[0], 1, x_shape[1])
+    else:
+        if len(x_shape) < 3:
+            raise ShapeError(
+                f"{where}: x must be x[..., S, H, D] (at least 3 dims), got shape {x_shape}; "
+                f"for one head use x[:, None, :]"
+            )
+        full = x_shape
+    inputs.check_size(x_shape, "x", where)
+    S, H, D = full[-3:]
+    n_lead = _math.prod(full[:-3])
+    R = 0
+    if rope:
+        R = D if cos_shape is None else int(cos_shape[-1])
+        if cos_shape is not None:
+            _check_tables(where, x_shape, tuple(int(d) for d in cos_shape))
+    return n_lead, S, H, D, R
+
+
+def _check_tables(where, x_shape, c_shape):
+    if len(c_shape) < 2:
+        raise ShapeError(f"{where}: cos/sin must be [S, R] or [..., S, R], got shape {c_shape}")
+    inputs.check_size(c_shape, "cos", where)
+    S, D = x_shape[-3], x_shape[-1]
+    R = c_shape[-1]
+    if R % 2:
+        raise ShapeError(f"{where}: rotary dim R = cos.shape[-1] = {R} must be even")
+    if R > D:
+        raise ShapeError(f"{where}: rotary dim R = cos.shape[-1] = {R} exceeds head dim D = {D}")
+    if c_shape[-2] != S:
+        raise ShapeError(
+            f"{where}: cos/sin have {c_shape[-2]} positions (shape {c_shape}) but x has S = {S} "
+            f"(x shape {x_shape}, layout x[..., S, H, D]); slice the tables to cos[:S]"
+        )
+    lead, clead = x_shape[:-3], c_shape[:-2]
+    extra = len(clead) - len(lead)
+    ok = extra <= 0 or all(d == 1 for d in clead[:extra])
+    clead = clead[max(extra, 0):]
+    aligned = lead[len(lead) - len(clead):]
+    if not ok or any(c not in (1, d) for c, d in zip(clead, aligned)):
+        raise ShapeError(
+            f"{where}: cos/sin leading dims {c_shape[:-2]} do not broadcast to x's leading dims "
+            f"{lead} (cos/sin {c_shape}, x {x_shape})"
+        )
+
+
+def _table_rows(x_shape, c_shape, S):
+    """cbase[l]: first table row used by leading index l of x (int64, one per leading index)."""
+    lead, clead = x_shape[:-3], c_shape[:-2]
+    n_c = _math.prod(clead)
+    clead = clead[max(len(clead) - len(lead), 0):]
+    idx = np.arange(n_c, dtype=np.int64).reshape(clead) if clead else np.zeros((), np.int64)
+    return np.ascontiguousarray(np.broadcast_to(idx, lead).reshape(-1) * S)
+
+
+def _buffers(kind, T, H, D, R, dtype, prof):
+    """The UB tiles of one task (last dims padded to 32 B), as listed in the module docstring."""
+    wide = dtype != "fp32"
+    Ds, Df = align_elems(D, dtype, prof), align_elems(D, "fp32", prof)
+    out = [("x_ub", (T, H, Ds), dtype)]
+    if wide:
+        out.append(("xf_ub", (T, H, Df), "fp32"))
+    if kind in ("rmsnorm", "fused_rmsnorm"):
+        out += [
+            ("sq_ub", (T, H, Df), "fp32"),
+            ("rstd_ub", (T, H, align_elems(1, "fp32", prof)), "fp32"),
+            ("w_ub", (Ds,), dtype),
+        ]
+        if wide:
+            out.append(("wf_ub", (Df,), "fp32"))
+    if kind != "rmsnorm":
+        Rs, Rf = align_elems(R, dtype, prof), align_elems(R, "fp32", prof)
+        out += [("cos_ub", (T, Rs), dtype), ("sin_ub", (T, Rs), dtype)]
+        if wide:
+            out += [("cosf_ub", (T, Rf), "fp32"), ("sinf_ub", (T, Rf), "fp32")]
+    if kind == "interleaved":
+        Hf = align_elems(R // 2, "fp32", prof)
+        out += [("x_even", (T, H, Hf), "fp32"), ("x_odd", (T, H, Hf), "fp32")]
+        out += [(n, (T, Hf), "fp32") for n in ("cos_even", "cos_odd", "sin_even", "sin_odd")]
+    return out
+
+
+def _nbytes(specs):
+    return sum(_math.prod(shape) * dtypes.itemsize(dt) for _, shape, dt in specs)
+
+
+def _max_token_tile(kind, H, D, R, dtype, prof):
+    """Largest token tile whose buffers fit UB (and, with a norm, the 64 KiB reduction limit)."""
+    one, two = (_nbytes(_buffers(kind, t, H, D, R, dtype, prof)) for t in (1, 2))
+    per_token = two - one  # every buffer but the weight is linear in T
+    t_max = (prof.ub_bytes - (one - per_token)) // per_token
+    if kind in ("rmsnorm", "fused_rmsnorm"):  # sq_ub[T, H, D] fp32 is a reduction tile
+        t_max = min(t_max, prof.reduce_tile_max_bytes // (H * align_elems(D, "fp32", prof) * 4))
+    return max(0, t_max)
+
+
+def _plan(kind, x_shape, cos_shape, dtype, profile, token_tile) -> Plan:
+    prof = load_profile(profile)
+    where = f"rope.{kind}"
+    name = dtypes.storage_name(dtype)
+    if name is None:
+        raise DTypeError(f"{where}: dtype {dtype!r} is not a storage dtype; use fp32, bf16 or fp16")
+    norm = kind in ("rmsnorm", "fused_rmsnorm")
+    n_lead, S, H, D, R = _geometry(where, x_shape, cos_shape, rope=kind != "rmsnorm", norm_only=kind == "rmsnorm")
+    if kind != "rmsnorm" and cos_shape is None and D % 2:
+        raise ShapeError(f"{where}: full rotary needs an even head dim, got D = {D}")
+    t_max = _max_token_tile(kind, H, D, R, name, prof)
+    if t_max:
+        hint = f"use token_tile <= {t_max}"
+    else:
+        hint = (
+            f"one token of H={H} heads x D={D} {name} does not fit; process fewer heads per call "
+            f"(slices of the H axis)"
+        )
+    if token_tile is None:
+        T = max(1, min(int(prof.tile("rope_token_tile")), t_max))
+    else:
+        T = inputs.positive_int(token_tile, "token_tile", where)
+    bufs = [vector_tile(n, shape, dt, prof, where, hint) for n, shape, dt in _buffers(kind, T, H, D, R, name, prof)]
+    if norm:
+        reduce_tile(next(b for b in bufs if b.name == "sq_ub"), prof, where, hint)
+    b = dtypes.itemsize(name)
+    cast = int(name != "fp32")
+    N = n_lead * S
+    rows = N * H
+    tasks = n_lead * -(-S // T)
+    gm_read = rows * D * b
+    ops = 0
+    if norm:
+        gm_read += tasks * D * b
+        ops += rows * D * NORM_OPS + rows * ROW_OPS + cast * (rows * D * 2 + tasks * D)
+    if kind != "rmsnorm":
+        gm_read += 2 * N * R * b
+        ops += rows * R * ROPE_OPS + cast * N * R * 2
+        if kind == "interleaved":
+            ops += rows * R * SPLIT_OPS + N * 2 * R
+        if not norm:
+            ops += cast * rows * R * 2
+    k = KernelPlan(
+        name=f"rope_{kind}",
+        unit="vector",
+        tasks=tasks,
+        buffers=tuple(bufs),
+        gm_read_bytes=gm_read,
+        gm_write_bytes=rows * D * b,
+        vector_ops=ops,
+    )
+    return Plan(op="rope", strategy=kind, dtype=name, profile=prof, kernels=(k,),
+                params={"token_tile": T, "rot_dim": R}, hint=hint)
+
+
+def plan_standard(x_shape, cos_shape=None, dtype="fp32", *, profile=None, token_tile=None) -> Plan:
+    """Plan of :func:`standard` for ``x_shape`` and table shape ``cos_shape`` (default ``[S, D]``)."""
+    return _plan("standard", x_shape, cos_shape, dtype, profile, token_tile)
+
+
+def plan_interleaved(x_shape, cos_shape=None, dtype="fp32", *, profile=None, token_tile=None) -> Plan:
+    """Plan of :func:`interleaved` (shapes as :func:`plan_standard`)."""
+    return _plan("interleaved", x_shape, cos_shape, dtype, profile, token_tile)
+
+
+def plan_rmsnorm(x_shape, dtype="fp32", *, profile=None, token_tile=None) -> Plan:
+    """Plan of :func:`rmsnorm` for ``x_shape``."""
+    return _plan("rmsnorm", x_shape, None, dtype, profile, token_tile)
+
+
+def plan_fused_rmsnorm(x_shape, cos_shape=None, dtype="fp32", *, profile=None, token_tile=None) -> Plan:
+    """Plan of :func:`fused_rmsnorm` (shapes as :func:`plan_standard`)."""
+    return _plan("fused_rmsnorm", x_shape, cos_shape, dtype, profile, token_tile)
+
+
+def plan_cos_sin(positions_shape, rot_dim, dtype="fp32", *, profile=None, token_tile=None) -> Plan:
+    """Plan of :func:`cos_sin` for ``positions`` of ``positions_shape``."""
+    prof = load_profile(profile)
+    where = "rope.cos_sin"
+    name = dtypes.storage_name(dtype)
+    if name is None:
+        raise DTypeError(
+            f"{where}: dtype {dtype!r} is not a storage dtype; use numpy.float32, numpy.float16 or "
+            f"ml_dtypes.bfloat16"
+        )
+    shape = tuple(int(d) for d in positions_shape)
+    inputs.check_rank(shape, "positions", where, min_rank=1)
+    inputs.check_size(shape, "positions", where)
+    R = _rot_dim(rot_dim, where)
+    P = _math.prod(shape)
+    T = prof.tile("rope_token_tile") if token_tile is None else inputs.positive_int(token_tile, "token_tile", where)
+    specs = [("pos_ub", (align_elems(T, "fp32", prof),), "fp32"),
+             ("angle_ub", (T, align_elems(R // 2, "fp32", prof)), "fp32"),
+             ("cos_ub", (T, align_elems(R, name, prof)), name),
+             ("sin_ub", (T, align_elems(R, name, prof)), name)]
+    if name != "fp32":
+        specs += [("cosf_ub", (T, align_elems(R, "fp32", prof)), "fp32"),
+                  ("sinf_ub", (T, align_elems(R, "fp32", prof)), "fp32")]
+    per_token = _nbytes(specs) // T
+    hint = f"use token_tile <= {max(1, prof.ub_bytes // max(per_token, 1) - 1)}"
+    bufs = [vector_tile(n, s, dt, prof, where, hint) for n, s, dt in specs]
+    tasks = -(-P // T)
+    b = dtypes.itemsize(name)
+    k = KernelPlan(
+        name="rope_cos_sin",
+        unit="vector",
+        tasks=tasks,
+        buffers=tuple(bufs),
+        gm_read_bytes=P * 8 + tasks * (R // 2) * 8,
+        gm_write_bytes=2 * P * R * b,
+        vector_ops=P * (R // 2) * 3 + P * 2 * R,
+    )
+    return Plan(op="rope", strategy="cos_sin", dtype=name, profile=prof, kernels=(k,),
+                params={"token_tile": T, "rot_dim": R}, hint=hint)
+
+
+def _rot_dim(rot_dim, where):
+    if isinstance(rot_dim, (bool, np.bool_)) or not isinstance(rot_dim, numbers.Integral) or rot_dim <= 0:
+        raise ShapeError(f"{where}: rot_dim must be a positive even integer, got {rot_dim!r}")
+    if rot_dim % 2:
+        raise ShapeError(f"{where}: rot_dim must be even (cos/sin repeat R/2 frequencies), got {rot_dim}")
+    return int(rot_dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# public strategies
+
+
+def _eps(eps, where):
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (
+        _math.isfinite(float(eps)) and float(eps) >= 0.0
+    ):
+        raise ConstraintError(f"{where}: eps must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _tables(where, xt, cos, sin):
+    ct = inputs.tensor(cos, "cos", where, min_rank=2)
+    st = inputs.tensor(sin, "sin", where, min_rank=2)
+    if ct.shape != st.shape:
+        raise ShapeError(f"{where}: cos and sin must have the same shape, got {ct.shape} and {st.shape}")
+    if ct.dtype != xt.dtype or st.dtype != xt.dtype:
+        raise DTypeError(
+            f"{where}: cos/sin must have x's dtype ({xt.dtype}), got cos={ct.dtype}, sin={st.dtype}; "
+            f"cast them, e.g. cos.astype(x.dtype), or build them with rope.cos_sin(..., dtype=x.dtype)"
+        )
+    return ct, st
+
+
+def _weight(where, xt, weight):
+    wt = inputs.tensor(weight, "weight", where, min_rank=1)
+    D = xt.shape[-1]
+    if wt.shape != (D,):
+        raise ShapeError(f"{where}: weight must have shape ({D},) (the last dim of x {xt.shape}), got {wt.shape}")
+    if wt.dtype != xt.dtype:
+        raise DTypeError(f"{where}: weight must have x's dtype ({xt.dtype}), got {wt.dtype}; cast it with weight.astype(x.dtype)")
+    return wt
+
+
+ALIGN = 64  # bytes: scratch slabs start on their own cache line
+# Outputs of at least this many bytes are written with streaming stores (see _stream_copy): they
+# do not fit the 2-core host's caches, so caching them gains nothing and costs the
+# read-for-ownership traffic. Smaller outputs (decode steps) stay in cache for their consumer.
+# estimate: a few MiB, the share of L2 + L3 one call can expect on a shared host.
+STREAM_MIN_BYTES = 4 << 20
+
+
+def _aligned_empty(shape, name):
+    """A new storage array whose data starts on a 64-byte boundary, and its kernel view."""
+    n = _math.prod(shape)
+    size = dtypes.itemsize(name)
+    buf = np.empty(n + ALIGN // size, dtypes.STORAGE[name])
+    first = (-buf.ctypes.data % ALIGN) // size
+    a = buf[first : first + n].reshape(shape)
+    return a, dtypes.kernel_view(a)
+
+
+def _scratch(cols, name_or_dtype, *lead):
+    """Per-thread scratch ``[n_threads, *lead, cols]``: each thread's slab starts on its own cache
+    line (64-byte aligned, padded by a line) so that two threads never write to one line."""
+    dt = np.dtype(name_or_dtype)
+    per_line = ALIGN // dt.itemsize
+    cols_padded = -(-cols // per_line) * per_line + per_line
+    rows = numba.get_num_threads()
+    n = rows * _math.prod(lead) * cols_padded
+    buf = np.empty(n + per_line, dt)
+    first = (-buf.ctypes.data % ALIGN) // dt.itemsize
+    return buf[first : first + n].reshape((rows, *lead, cols_padded))
+
+
+def _streamable(out_k):
+    """Stream the output (non-temporal stores) when it is too large to be re-read from cache."""
+    return out_k.nbytes >= STREAM_MIN_BYTES and out_k.itemsize in (2, 4)
+
+
+def _output(where, xt, out):
+    """A new output, or the caller's ``out=`` (same shape and dtype, C-contiguous; may be x itself)."""
+    if out is None:
+        return _aligned_empty(xt.shape, xt.dtype)
+    if not isinstance(out, np.ndarray) or dtypes.storage_name(out.dtype) != xt.dtype:
+        got = out.dtype if isinstance(out, np.ndarray) else type(out).__name__
+        raise DTypeError(f"{where}: out must be a numpy array of x's dtype ({xt.dtype}), got {got}")
+    if out.shape != xt.shape:
+        raise ShapeError(f"{where}: out must have x's shape {xt.shape}, got {out.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ConstraintError(f"{where}: out must be a writeable C-contiguous array")
+    same = out.__array_interface__["data"][0] == xt.array.__array_interface__["data"][0]
+    if not same and np.may_share_memory(out, xt.array):
+        raise ConstraintError(f"{where}: out overlaps x partially; pass out=x (in place) or a separate array")
+    return out, dtypes.kernel_view(out)
+
+
+_DUMMY = {name: np.zeros((1, 2), dt) for name, dt in dtypes.KERNEL.items()}
+
+
+def _run_norm_rope(kind, x, weight, cos, sin, eps, profile, token_tile, out):
+    where = f"rope.{kind}"
+    norm = kind in ("rmsnorm", "fused_rmsnorm")
+    rope = kind != "rmsnorm"
+    xt = inputs.tensor(x, "x", where)  # rank checked by _geometry (with the layout in the message)
+    ct = st = wt = None
+    if rope:
+        ct, st = _tables(where, xt, cos, sin)
+    if norm:
+        wt = _weight(where, xt, weight)
+        eps = _eps(eps, where)
+    p = _plan(kind, xt.shape, ct.shape if rope else None, xt.dtype, profile, token_tile)
+    n_lead, S, H, D, R = _geometry(where, xt.shape, ct.shape if rope else None, rope=rope, norm_only=not rope)
+    result, out_k = _output(where, xt, out)
+    dummy = _DUMMY[xt.dtype]
+    if rope:
+        cbase = _table_rows(xt.shape, ct.shape, S)
+        ck, sk = ct.kview.reshape(-1, R), st.kview.reshape(-1, R)
+    else:
+        cbase = np.zeros(n_lead, np.int64)
+        ck = sk = dummy
+    wk = wt.kview if norm else dummy[0]
+    with Launch(p, [a.shape for a in (xt, wt, ct, st) if a is not None]) as run:
+        run.count(
+            _norm_rope_kernel(
+                xt.kview.reshape(-1, H * D), wk, ck, sk, cbase, out_k.reshape(-1, H * D),
+                S, H, p.params["token_tile"], float(eps if norm else 0.0), norm, rope,
+                int(xt.dtype != "fp32"), _streamable(out_k),
+                # per-thread scratch, allocated once per call: fp32 row, weight, cos, sin; and
+                # the staged output token (H*D in the storage dtype)
+                _scratch(max(D, R), np.float32, 4),
+                _scratch(H * D, out_k.dtype),
+            )
+        )
+        run.workspace(xt.copied_bytes + sum(a.copied_bytes for a in (wt, ct, st) if a is not None))
+    return result
+
+
+@register("rope", "standard", plan=plan_standard, summary="split-half (rotate_half, NeoX/HF) RoPE, one vector kernel")
+def standard(x, cos, sin, *, profile=None, token_tile=None, out=None):
+    """Split-half RoPE of ``x[..., S, H, D]`` with HF tables ``cos, sin[..., S, R]``.
+
+    ``out[..., :R] = x[..., :R]*cos + cat(-x2, x1)*sin`` with ``x1, x2`` the halves of
+    ``x[..., :R]``; dims ``R..D`` are copied. ``token_tile``: tokens per task (default: the
+    profile's ``rope_token_tile``, lowered until the tiles fit UB); ``out=``: write the result
+    there (x's shape and dtype; ``out=x`` works in place).
+    """
+    return _run_norm_rope("standard", x, None, cos, sin, 0.0, profile, token_tile, out)
+
+
+@register("rope", "rmsnorm", plan=plan_rmsnorm, summary="per-head RMSNorm over D, one vector kernel (then apply a rope strategy)")
+def rmsnorm(x, weight, eps=1e-6, *, profile=None, token_tile=None, out=None):
+    """RMSNorm over the last dim: ``x * rsqrt(mean(x**2) + eps) * weight``, fp32 inside, one cast.
+
+    ``x[..., S, H, D]`` (also ``x[S, D]``, ``x[D]``), ``weight[D]``. Options as :func:`standard`.
+    """
+    return _run_norm_rope("rmsnorm", x, weight, None, None, eps, profile, token_tile, out)
+
+
+@register("rope", "fused_rmsnorm", plan=plan_fused_rmsnorm, summary="Qwen3 q/k RMSNorm + split-half RoPE in one kernel, fp32 between")
+def fused_rmsnorm(x, weight, cos, sin, eps=1e-6, *, profile=None, token_tile=None, out=None):
+    """``standard(rmsnorm(x, weight, eps), cos, sin)`` in one kernel, fp32 in between, one cast.
+
+    Saves one kernel and one GM round trip of x (write + read of the normed tensor) over
+    :func:`rmsnorm` followed by :func:`standard`. Options as :func:`standard`.
+    """
+    return _run_norm_rope("fused_rmsnorm", x, weight, cos, sin, eps, profile, token_tile, out)
+
+
+@register("rope", "interleaved", plan=plan_interleaved, summary="GPT-J pairs via gathermask even/odd split, output interleaved")
+def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None):
+    """GPT-J RoPE of ``x[..., S, H, D]``: pairs ``(2k, 2k+1)`` rotated, output interleaved.
+
+    ``out[2k] = x[2k]*cos[2k] - x[2k+1]*sin[2k]``, ``out[2k+1] = x[2k+1]*cos[2k+1] + x[2k]*sin[2k+1]``
+    for ``k < R/2``; dims ``R..D`` are copied. Like PyPTO's InterleaveRope the kernel splits x,
+    cos and sin into even/odd halves (gathermask modes 1/2) in fp32, but it assembles the result
+    back into the input's interleaved layout. Options as :func:`standard`.
+    """
+    where = "rope.interleaved"
+    xt = inputs.tensor(x, "x", where)
+    ct, st = _tables(where, xt, cos, sin)
+    p = _plan("interleaved", xt.shape, ct.shape, xt.dtype, profile, token_tile)
+    n_lead, S, H, D, R = _geometry(where, xt.shape, ct.shape)
+    result, out_k = _output(where, xt, out)
+    cbase = _table_rows(xt.shape, ct.shape, S)
+    with Launch(p, [xt.shape, ct.shape, st.shape]) as run:
+        run.count(
+            _interleaved_kernel(
+                xt.kview.reshape(-1, H * D), ct.kview.reshape(-1, R), st.kview.reshape(-1, R), cbase,
+                out_k.reshape(-1, H * D), S, H, p.params["token_tile"], int(xt.dtype != "fp32"),
+                _streamable(out_k),
+                # per-thread scratch: x_even, x_odd, cos_even, cos_odd, sin_even, sin_odd,
+                # y_even, y_odd (fp32), and the staged output token
+                _scratch(R // 2, np.float32, 8),
+                _scratch(H * D, out_k.dtype),
+            )
+        )
+        run.workspace(xt.copied_bytes + ct.copied_bytes + st.copied_bytes)
+    return result
+
+
+def cos_sin(positions, rot_dim, theta=10000.0, dtype=np.float32, *, profile=None, token_tile=None):
+    """HF-layout tables ``(cos, sin)``, each ``[*positions.shape, rot_dim]`` in ``dtype``.
+
+    ``f[p, i] = positions[p] * theta**(-2i/rot_dim)`` (i < rot_dim/2), ``cos = cos(cat(f, f))``,
+    ``sin = sin(cat(f, f))``. Angles and cos/sin are computed in float64 and rounded once to
+    float32 (then to bf16/fp16: a double rounding that can differ from a single one only on a
+    16-bit tie). HF computes the angles in fp32, which is off by up to ``|position| * 2**-24``
+    radians. ``positions``: integer or float array (any shape), e.g. ``numpy.arange(S)``.
+    """
+    where = "rope.cos_sin"
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iuf":
+        raise DTypeError(
+            f"{where}: positions must be an integer or float array, got dtype {pos.dtype}; "
+            f"use numpy.arange(S)"
+        )
+    if not (isinstance(theta, numbers.Real) and not isinstance(theta, (bool, np.bool_))
+            and _math.isfinite(float(theta)) and float(theta) > 0.0):
+        raise ConstraintError(f"{where}: theta must be a finite number > 0, got {theta!r}")
+    p = plan_cos_sin(pos.shape, rot_dim, dtype, profile=profile, token_tile=token_tile)
+    pos64 = np.ascontiguousarray(pos, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(pos64)):
+        raise ConstraintError(f"{where}: positions must be finite")
+    R = p.params["rot_dim"]
+    inv_freq = float(theta) ** (-np.arange(0, R, 2, dtype=np.float64) / R)
+    shape = pos.shape + (R,)
+    c, ck = dtypes.empty(shape, p.dtype)
+    s, sk = dtypes.empty(shape, p.dtype)
+    with Launch(p, [pos.shape]) as run:
+        run.count(_cos_sin_kernel(pos64, inv_freq, ck.reshape(-1, R), sk.reshape(-1, R), p.params["token_tile"]))
+    return c, s
