@@ -1,4 +1,4 @@
-"""The ``pypto-numba`` command line: ``profiles``, ``compare``.
+"""The ``pypto-numba`` command line: ``profiles``, ``compare``, ``advise``.
 
 ``pypto-numba compare`` with no op runs every op's default scenario and prints one table per op:
 the main job. ``pypto-numba compare gelu --shape 8,11008 --dtype bf16`` compares one op.
@@ -57,6 +57,39 @@ def _compare(args) -> int:
     return 0
 
 
+def _scenario_value(text: str):
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a bare word such as bf16 or sigmoid
+
+
+def _advise(args, extra) -> int:
+    from .advise import advise
+
+    scenario = {}
+    it = iter(extra)
+    for flag in it:
+        if not flag.startswith("--"):
+            raise PyptoNumbaError(f"advise: expected --name value, got {flag!r}")
+        key = flag[2:].replace("-", "_")
+        if "=" in key:
+            key, value = key.split("=", 1)
+        else:
+            value = next(it, None)
+            if value is None:
+                raise PyptoNumbaError(f"advise: {flag} needs a value")
+        scenario[key] = _scenario_value(value)
+    result = advise(args.op, profile=args.profile, **scenario)
+    if args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(result)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pypto-numba", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -77,12 +110,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=("table", "markdown", "json"), default="table")
     p.set_defaults(func=_compare)
+
+    p = sub.add_parser(
+        "advise", help="pick a strategy for a scenario from plans alone",
+        description="Scenario keywords follow the op, e.g. advise attention --batch 1 --q-len 1 "
+                    "--kv-len 32768 --q-heads 32 --kv-heads 8 --head-dim 128 --dtype bf16; "
+                    "advise linear --tokens 16 --in-features 4096 --out-features 4096.")
+    p.add_argument("op")
+    p.add_argument("--profile", default=None)
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=_advise, takes_extra=True)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if getattr(args, "takes_extra", False):
+            return args.func(args, extra)
         return args.func(args)
     except PyptoNumbaError as exc:
         print(f"pypto-numba: error: {exc}", file=sys.stderr)
