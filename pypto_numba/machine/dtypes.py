@@ -48,10 +48,18 @@ ties, the overflow thresholds and the subnormal boundaries):
 
 Why it is written this way
 --------------------------
-Every converter is branch-free integer arithmetic plus selects (no table, no float arithmetic
-on subnormal operands, no data-dependent branch), so loops over them vectorise (AVX2/AVX-512)
-and a parallel convert-copy runs at memory bandwidth (measured figures in
-``tests/test_dtypes.py``'s module docstring).
+Every converter is branch-free 32-bit integer arithmetic plus selects (no table, no
+data-dependent branch, no slow path: subnormal inputs convert at the same speed), so loops over
+them vectorise (AVX2/AVX-512) and a parallel convert-copy runs at about the speed of a plain copy
+loop.
+Measured on the 2-core Xeon (2.8 GHz, AVX-512; LLVM picks 256-bit vectors; a shared machine, best
+of many runs): one core converts in cache at 22-26 (bf16->fp32), 5-7 (fp32->bf16), 3.6-5.5
+(fp16->fp32) and 3-4 (fp32->fp16) Gelem/s, several times the ~1.2 Gelem/s per core that memory
+delivers. On 64M elements with 2 threads, a convert-copy loop moves 0.78-0.93x the bytes per
+second of a prange negate-copy loop measured in the same run (1.0-1.2x its elements per
+second), and is 2.5-9x faster than ``ml_dtypes`` / NumPy ``.astype``. (LLVM turns a pure copy
+loop into ``memcpy``, whose non-temporal stores are about 2x faster than any loop with ordinary
+stores.)
 """
 
 from __future__ import annotations
@@ -206,6 +214,10 @@ def u32_as_f32(typingctx, u):
 # use 16 lanes per AVX-512 register (8 per AVX2 register).
 # ----------------------------------------------------------------------------------------------
 
+# Converters are integer code plus one exact float addition: compiled without fast-math flags,
+# always inlined (the calling kernel's vectoriser must see them).
+_converter = device(fastmath=False, forceinline=True)
+
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
@@ -322,19 +334,19 @@ def _f32_to_fp16(typingctx, f):
     return types.int16(types.float32), codegen
 
 
-@device
+@_converter
 def bf16_bits_to_f32(u):
     """bf16 bits (uint16, or any integer holding them in its low 16 bits) -> float32, exact."""
     return u32_as_f32((np.uint32(u) & 0xFFFF) << 16)
 
 
-@device
+@_converter
 def f32_to_bf16_bits(f):
     """float32 -> bf16 bits (uint16): round to nearest even; NaN -> 0x7FC0 with the sign."""
     return _f32_to_bf16(f)
 
 
-@device
+@_converter
 def fp16_bits_to_f32(h):
     """fp16 bits (int16, or any integer holding them in its low 16 bits) -> float32, exact.
 
@@ -343,7 +355,7 @@ def fp16_bits_to_f32(h):
     return _fp16_to_f32(h)
 
 
-@device
+@_converter
 def f32_to_fp16_bits(f):
     """float32 -> fp16 bits (int16): round to nearest even, with subnormals and overflow to Inf.
 
@@ -399,7 +411,7 @@ def _kernel_scalar_type(a):
     return None
 
 
-@overload(widen)
+@overload(widen, jit_options={"forceinline": True})
 def _widen_impl(s):
     t = _kernel_scalar_type(s)
     if t == types.float32:
@@ -411,7 +423,7 @@ def _widen_impl(s):
     return None
 
 
-@overload(narrow)
+@overload(narrow, jit_options={"forceinline": True})
 def _narrow_impl(a, v):
     t = _kernel_scalar_type(a)
     if t == types.float32:
@@ -423,7 +435,7 @@ def _narrow_impl(a, v):
     return None
 
 
-@overload(round_as)
+@overload(round_as, jit_options={"forceinline": True})
 def _round_as_impl(a, v):
     t = _kernel_scalar_type(a)
     if t == types.float32:
@@ -462,7 +474,7 @@ def to_float32(a: np.ndarray) -> np.ndarray:
     name = _dtype_name_of(a)
     if name == "fp32":
         return np.array(a, dtype=np.float32, copy=True)
-    k = np.ascontiguousarray(a).view(KERNEL[name])
+    k = np.asarray(a, order="C").view(KERNEL[name])
     out = np.empty(a.shape, np.float32)
     _widen_flat(k.reshape(-1), out.reshape(-1))
     return out
@@ -477,7 +489,7 @@ def from_float32(f: np.ndarray, name) -> np.ndarray:
     resolved = storage_name(name)
     if resolved is None:
         raise TypeError(f"from_float32: unknown storage dtype {name!r}")
-    f = np.ascontiguousarray(f, dtype=np.float32)
+    f = np.asarray(f, dtype=np.float32, order="C")
     if resolved == "fp32":
         return f.copy()
     a, k = empty(f.shape, resolved)
