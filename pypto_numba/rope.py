@@ -65,17 +65,21 @@ import numbers
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import prange
 
 from . import inputs
 from .errors import ConstraintError, DTypeError, ShapeError
 from .machine import dtypes
 from .machine.jit import device, kernel
 from .machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_tile
+from .machine import tile
 from .machine.profile import load_profile
+from .machine.tile import STREAM_MIN_BYTES
+from .machine.tile import aligned_empty as _aligned_empty
+from .machine.tile import copy as _copy
+from .machine.tile import copy_out as _copy_out
+from .machine.tile import scratch as _scratch
+from .machine.tile import store_fence as _store_fence
 from .strategy import Launch, register
 
 ROPE_OPS = 3  # per rotated element: 2 mul + 1 add/sub
@@ -94,86 +98,6 @@ ROW_OPS = 3  # per row: *1/D, +eps, rsqrt
 # ``stream`` (large outputs).
 # Per-thread scratch comes in as arguments: numba.get_num_threads() inside a kernel would make
 # it uncacheable.
-
-_VEC_BYTES = 32  # one AVX vector: the unit of _stream_copy
-
-
-@intrinsic
-def _stream_copy(typingctx, dst, src, nbytes):
-    """Copy the first ``nbytes`` (a multiple of 32) of ``src`` to ``dst`` with streaming stores.
-
-    Why: a plain store first reads the destination cache line (read-for-ownership), so an
-    element-wise kernel moves 3 bytes of DRAM traffic for every 2 it needs and runs at ~0.5x of
-    a memcpy on this CPU; non-temporal stores skip that read (a scale loop went from 0.5x to
-    0.7-0.8x of copy). The loop is written in LLVM IR with explicit 32-byte vectors so that the
-    stores are ``vmovntdq`` whatever the vectoriser decides. They fault on a misaligned address:
-    ``dst`` (1-D, C-contiguous) must start on a 32-byte boundary (:func:`_copy_out` writes the
-    unaligned head with plain stores first). ``src`` needs no alignment.
-    """
-    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 1 and src.ndim == 1):
-        return None
-
-    def codegen(context, builder, sig, args):
-        d = context.make_array(sig.args[0])(context, builder, args[0])
-        s = context.make_array(sig.args[1])(context, builder, args[1])
-        vec = ir.VectorType(ir.IntType(32), _VEC_BYTES // 4)
-        dp = builder.bitcast(d.data, vec.as_pointer())
-        sp = builder.bitcast(s.data, vec.as_pointer())
-        count = builder.udiv(args[2], ir.Constant(args[2].type, _VEC_BYTES))
-        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        with cgutils.for_range(builder, count) as loop:
-            v = builder.load(builder.gep(sp, [loop.index]), align=4)
-            store = builder.store(v, builder.gep(dp, [loop.index]), align=_VEC_BYTES)
-            store.set_metadata("nontemporal", nontemporal)
-        return context.get_dummy_value()
-
-    return types.void(dst, src, types.intp), codegen
-
-
-@intrinsic
-def _store_fence(typingctx):
-    """A full memory fence (``mfence``): streaming stores are weakly ordered, so each task that
-    issued them fences before it ends (as memcpy does after its non-temporal loop)."""
-
-    def codegen(context, builder, sig, args):
-        builder.fence("seq_cst")
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
-
-# Inner loops index with uint64 offsets and no per-row array slices, for two measured reasons:
-# - a slice is a new array with a reference count: numba increments and decrements it with
-#   atomic calls, and with both threads doing that on the same arrays per head row the kernel
-#   ran at ~7 cycles per element;
-# - a signed index whose sign LLVM cannot prove (``h*D + i``) keeps numba's negative-index
-#   wraparound select, which turns vector loads into gathers or scalar code; unsigned indices
-#   have no wraparound.
-# Each loop also has one output and at most four inputs: LLVM vectorises a loop only if it
-# needs <= 8 runtime alias checks (one per store/load pair of distinct arrays).
-
-
-@device
-def _copy(src, s_off, dst, d_off, n):
-    """``dst[d_off:d_off+n] = src[s_off:s_off+n]`` (same dtype; uint64 offsets and count)."""
-    for i in range(n):
-        dst[d_off + i] = src[s_off + i]
-
-
-@device
-def _copy_out(orow, staged, n, stream):
-    """The staged token row -> GM: streaming stores for the 32-byte-aligned middle part when
-    ``stream``, plain stores for the rest. ``n``: int elements."""
-    size = staged.itemsize
-    done = 0
-    if stream:
-        pre = min(n, np.int64((-orow.ctypes.data) % _VEC_BYTES) // size)  # unaligned head
-        _copy(staged, np.uint64(0), orow, np.uint64(0), np.uint64(pre))
-        nbytes = (n - pre) * size // _VEC_BYTES * _VEC_BYTES
-        _stream_copy(orow[pre:], staged[pre:], nbytes)
-        done = pre + nbytes // size
-    _copy(staged, np.uint64(done), orow, np.uint64(done), np.uint64(n - done))
-
 
 @device
 def _rotate(src, s_off, dst, d_off, cf, sf, half):
@@ -629,40 +553,9 @@ def _weight(where, xt, weight):
     return wt
 
 
-ALIGN = 64  # bytes: scratch slabs start on their own cache line
-# Outputs of at least this many bytes are written with streaming stores (see _stream_copy): they
-# do not fit the 2-core host's caches, so caching them gains nothing and costs the
-# read-for-ownership traffic. Smaller outputs (decode steps) stay in cache for their consumer.
-# estimate: a few MiB, the share of L2 + L3 one call can expect on a shared host.
-STREAM_MIN_BYTES = 4 << 20
-
-
-def _aligned_empty(shape, name):
-    """A new storage array whose data starts on a 64-byte boundary, and its kernel view."""
-    n = _math.prod(shape)
-    size = dtypes.itemsize(name)
-    buf = np.empty(n + ALIGN // size, dtypes.STORAGE[name])
-    first = (-buf.ctypes.data % ALIGN) // size
-    a = buf[first : first + n].reshape(shape)
-    return a, dtypes.kernel_view(a)
-
-
-def _scratch(cols, name_or_dtype, *lead):
-    """Per-thread scratch ``[n_threads, *lead, cols]``: each thread's slab starts on its own cache
-    line (64-byte aligned, padded by a line) so that two threads never write to one line."""
-    dt = np.dtype(name_or_dtype)
-    per_line = ALIGN // dt.itemsize
-    cols_padded = -(-cols // per_line) * per_line + per_line
-    rows = numba.get_num_threads()
-    n = rows * _math.prod(lead) * cols_padded
-    buf = np.empty(n + per_line, dt)
-    first = (-buf.ctypes.data % ALIGN) // dt.itemsize
-    return buf[first : first + n].reshape((rows, *lead, cols_padded))
-
-
 def _streamable(out_k):
-    """Stream the output (non-temporal stores) when it is too large to be re-read from cache."""
-    return out_k.nbytes >= STREAM_MIN_BYTES and out_k.itemsize in (2, 4)
+    """Streaming stores for outputs of at least ``STREAM_MIN_BYTES`` (module attribute: tests lower it)."""
+    return tile.streamable(out_k, STREAM_MIN_BYTES)
 
 
 def _output(where, xt, out):

@@ -1,0 +1,150 @@
+"""GM <-> UB tile movers: per-thread UB scratch, aligned GM outputs, streaming copy-out.
+
+A kernel task computes a tile into a UB buffer (per-thread scratch, allocated once per call and
+passed to the kernel) and then copies it out to GM. On the CPU that copy-out decides whether an
+element-wise kernel runs at memory bandwidth: a plain store first reads the destination cache
+line (read-for-ownership), so a kernel that writes with plain stores moves 3 bytes of DRAM traffic
+for every 2 it needs and runs at ~0.5x of a memcpy on the 2-core host; streaming (non-temporal)
+stores skip that read. :func:`copy_out` writes a staged tile with streaming stores for the
+32-byte-aligned middle part when asked, and :func:`store_fence` orders them at the end of a task.
+
+Numba rules measured while writing these (they apply to every kernel):
+
+- ``numba.get_num_threads()`` inside a kernel makes it uncacheable: allocate per-thread scratch in
+  Python with :func:`scratch` and pass it in;
+- per-thread slabs must not share a cache line (ping-pong between the cores): :func:`scratch`
+  pads and aligns each slab to 64 bytes;
+- inner loops should index with unsigned offsets (``np.uint64``): a signed index whose sign LLVM
+  cannot prove keeps numba's negative-index wraparound select and defeats vectorisation;
+- a loop vectorises only if it needs <= 8 runtime alias checks: one output and a few inputs.
+"""
+
+from __future__ import annotations
+
+import math as _math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import dtypes
+from .jit import device
+
+VEC_BYTES = 32  # one AVX vector: the unit of stream_copy
+
+
+@intrinsic
+def streamcopy(typingctx, dst, src, nbytes):
+    """Copy the first ``nbytes`` (a multiple of 32) of ``src`` to ``dst`` with streaming stores.
+
+    Why: a plain store first reads the destination cache line (read-for-ownership), so an
+    element-wise kernel moves 3 bytes of DRAM traffic for every 2 it needs and runs at ~0.5x of
+    a memcpy on this CPU; non-temporal stores skip that read (a scale loop went from 0.5x to
+    0.7-0.8x of copy). The loop is written in LLVM IR with explicit 32-byte vectors so that the
+    stores are ``vmovntdq`` whatever the vectoriser decides. They fault on a misaligned address:
+    ``dst`` (1-D, C-contiguous) must start on a 32-byte boundary (:func:`copy_out` writes the
+    unaligned head with plain stores first). ``src`` needs no alignment.
+    """
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 1 and src.ndim == 1):
+        return None
+
+    def codegen(context, builder, sig, args):
+        d = context.make_array(sig.args[0])(context, builder, args[0])
+        s = context.make_array(sig.args[1])(context, builder, args[1])
+        vec = ir.VectorType(ir.IntType(32), VEC_BYTES // 4)
+        dp = builder.bitcast(d.data, vec.as_pointer())
+        sp = builder.bitcast(s.data, vec.as_pointer())
+        count = builder.udiv(args[2], ir.Constant(args[2].type, VEC_BYTES))
+        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with cgutils.for_range(builder, count) as loop:
+            v = builder.load(builder.gep(sp, [loop.index]), align=4)
+            store = builder.store(v, builder.gep(dp, [loop.index]), align=VEC_BYTES)
+            store.set_metadata("nontemporal", nontemporal)
+        return context.get_dummy_value()
+
+    return types.void(dst, src, types.intp), codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """A full memory fence (``mfence``): streaming stores are weakly ordered, so each task that
+    issued them fences before it ends (as memcpy does after its non-temporal loop)."""
+
+    def codegen(context, builder, sig, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+# Inner loops index with uint64 offsets and no per-row array slices, for two measured reasons:
+# - a slice is a new array with a reference count: numba increments and decrements it with
+#   atomic calls, and with both threads doing that on the same arrays per head row the kernel
+#   ran at ~7 cycles per element;
+# - a signed index whose sign LLVM cannot prove (``h*D + i``) keeps numba's negative-index
+#   wraparound select, which turns vector loads into gathers or scalar code; unsigned indices
+#   have no wraparound.
+# Each loop also has one output and at most four inputs: LLVM vectorises a loop only if it
+# needs <= 8 runtime alias checks (one per store/load pair of distinct arrays).
+
+
+@device
+def copy(src, s_off, dst, d_off, n):
+    """``dst[d_off:d_off+n] = src[s_off:s_off+n]`` (same dtype; uint64 offsets and count)."""
+    for i in range(n):
+        dst[d_off + i] = src[s_off + i]
+
+
+@device
+def copy_out(orow, staged, n, stream):
+    """The staged token row -> GM: streaming stores for the 32-byte-aligned middle part when
+    ``stream``, plain stores for the rest. ``n``: int elements."""
+    size = staged.itemsize
+    done = 0
+    if stream:
+        pre = min(n, np.int64((-orow.ctypes.data) % VEC_BYTES) // size)  # unaligned head
+        copy(staged, np.uint64(0), orow, np.uint64(0), np.uint64(pre))
+        nbytes = (n - pre) * size // VEC_BYTES * VEC_BYTES
+        streamcopy(orow[pre:], staged[pre:], nbytes)
+        done = pre + nbytes // size
+    copy(staged, np.uint64(done), orow, np.uint64(done), np.uint64(n - done))
+
+
+
+ALIGN = 64  # bytes: scratch slabs start on their own cache line
+# Outputs of at least this many bytes are written with streaming stores (see stream_copy): they
+# do not fit the 2-core host's caches, so caching them gains nothing and costs the
+# read-for-ownership traffic. Smaller outputs (decode steps) stay in cache for their consumer.
+# estimate: a few MiB, the share of L2 + L3 one call can expect on a shared host.
+STREAM_MIN_BYTES = 4 << 20
+
+
+def aligned_empty(shape, name):
+    """A new storage array whose data starts on a 64-byte boundary, and its kernel view."""
+    n = _math.prod(shape)
+    size = dtypes.itemsize(name)
+    buf = np.empty(n + ALIGN // size, dtypes.STORAGE[name])
+    first = (-buf.ctypes.data % ALIGN) // size
+    a = buf[first : first + n].reshape(shape)
+    return a, dtypes.kernel_view(a)
+
+
+def scratch(cols, name_or_dtype, *lead):
+    """Per-thread scratch ``[n_threads, *lead, cols]``: each thread's slab starts on its own cache
+    line (64-byte aligned, padded by a line) so that two threads never write to one line."""
+    dt = np.dtype(name_or_dtype)
+    per_line = ALIGN // dt.itemsize
+    cols_padded = -(-cols // per_line) * per_line + per_line
+    rows = numba.get_num_threads()
+    n = rows * _math.prod(lead) * cols_padded
+    buf = np.empty(n + per_line, dt)
+    first = (-buf.ctypes.data % ALIGN) // dt.itemsize
+    return buf[first : first + n].reshape((rows, *lead, cols_padded))
+
+
+def streamable(out_k, min_bytes: int = STREAM_MIN_BYTES) -> bool:
+    """Stream the output (non-temporal stores) when it is too large to be re-read from cache."""
+    return out_k.nbytes >= min_bytes and out_k.itemsize in (2, 4)
