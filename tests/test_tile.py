@@ -1,0 +1,46 @@
+"""GM <-> UB tile movers: streaming copy-out with unaligned heads and tails, scratch layout."""
+
+import numba
+import numpy as np
+import pytest
+
+from pypto_numba.machine import tile
+from pypto_numba.machine.jit import kernel
+
+
+@kernel
+def _copy_rows(src, dst, n, stream):
+    for r in numba.prange(src.shape[0]):
+        tile.copy_out(dst[r], src[r], n, stream)
+        if stream:
+            tile.store_fence()
+    return 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("offset", [0, 1, 3, 15])
+def test_copy_out_matches_plain_copy(dtype, stream, offset):
+    rng = np.random.default_rng(offset)
+    rows, n = 5, 203  # not a multiple of the 32-byte vector
+    src = rng.integers(0, 2**15, size=(rows, n)).astype(dtype)
+    buf = np.zeros(rows * (n + 40) + 64, dtype)
+    dst = buf[offset: offset + rows * (n + 40)].reshape(rows, n + 40)  # misaligned rows
+    _copy_rows(src, dst, n, stream)
+    np.testing.assert_array_equal(dst[:, :n], src)
+    assert not dst[:, n:].any()  # nothing written past the tile's valid shape
+
+
+def test_scratch_slabs_are_cache_line_aligned_and_padded():
+    s = tile.scratch(100, np.float32, 3)
+    assert s.shape[0] == numba.get_num_threads() and s.shape[1] == 3
+    assert s.ctypes.data % tile.ALIGN == 0
+    assert (s.shape[2] * 4) % tile.ALIGN == 0 and s.shape[2] >= 100 + tile.ALIGN // 4
+
+
+def test_aligned_empty_and_streamable():
+    a, k = tile.aligned_empty((3, 5), "bf16")
+    assert a.shape == (3, 5) and a.ctypes.data % tile.ALIGN == 0 and k.dtype == np.uint16
+    assert tile.streamable(np.empty(tile.STREAM_MIN_BYTES // 4, np.float32))
+    assert not tile.streamable(np.empty(16, np.float32))
+    assert tile.streamable(np.empty(16, np.float32), min_bytes=0)
