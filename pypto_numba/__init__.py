@@ -18,7 +18,7 @@ from .machine.profile import HardwareProfile, active_profile, load_profile, prof
 from .strategy import SEED, strategies, trace
 from .compare import compare
 
-from . import gelu, moe, rope  # noqa: E402  (op modules register their strategies on import)
+from . import attention, gelu, moe, repeat_kv, rope  # noqa: E402  (op modules register their strategies on import)
 
 __version__ = "0.1.0"
 
@@ -34,12 +34,14 @@ __all__ = [
     "ShapeError",
     "TileError",
     "active_profile",
+    "attention",
     "compare",
     "gelu",
     "load_profile",
     "mean",
     "moe",
     "profiles",
+    "repeat_kv",
     "rope",
     "strategies",
     "trace",

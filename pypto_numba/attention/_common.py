@@ -1,0 +1,708 @@
+"""Shared pieces of the attention strategies: input validation, options, the tile loop bodies.
+
+Layout of one tile task (the PyPTO GQA decode layout, npu-facts 2.1): the ``G = Hq // Hkv`` query
+heads of KV head ``kvh`` and ``qv`` query positions ``i0 .. i0+qv-1`` form one ``[R = G*qv, D]``
+block, row ``r = g*qv + ii`` holding ``q[b, kvh*G + g, i0 + ii]``. The KV axis is walked in
+``kv_tile`` tiles; a tail tile has the valid shape ``n = min(kv_tile, Skv - j0)``.
+
+Per KV tile (the rounding points of the NPU)::
+
+    S = Q K^T            fp32 accumulation of storage-dtype operands (cube, L0C)
+    S = S*scale + mask   fp32 (vector)
+    m = rowmax(S)        over the allowed keys only (kv_len and causal give an allowed *prefix*)
+    p = exp(S - m)       fp32; disallowed keys give p = 0
+    l = rowsum(p)        fp32, of the unrounded p
+    P = round(p)         storage dtype (pv="storage"); "compensated": P_hi + P_lo, two matmuls
+    O = P V              fp32 accumulation
+    merge:  m' = max(m_s, m); a = exp(m_s - m'); c = exp(m - m'); l' = a l_s + c l; O' = a O_s + c O
+
+and at the end ``out = O / l`` (0 when ``l == 0``: fully masked rows give zeros, never NaN), cast
+once to the storage dtype. A row whose tile has no allowed key (or whose keys are all ``-inf``
+after the mask) contributes ``m = -inf, l = 0, O = 0`` and the merge leaves the state unchanged.
+
+Decode-shaped tiles (few rows) use hand-written loops that stream K and V once with the G rows
+reusing each K/V row from L1 (QK^T: 4 rows x 2 keys per pass, 8 vector accumulators; PV: 2 rows x
+4 keys per pass over a row of O); tiles with >= GEMM_MIN_ROWS rows (prefill) use ``np.dot`` on fp32
+tiles (SciPy's OpenBLAS, fp32 accumulation; bf16/fp16 tiles are widened exactly to fp32 first),
+with OpenBLAS held at one thread while a kernel runs (``kernel_context``: otherwise every
+np.dot inside prange spawns BLAS threads, measured 40x slower on 2 cores).
+
+Default query tiles (``attention_q_tile`` / ``flash_q_tile`` rows of the [G*q_tile, D] block) are
+halved until the tile buffers fit UB and the cube budgets (``fit_q_tile``); an explicit ``q_tile``
+that does not fit raises TileError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import overload
+
+from .. import inputs
+from ..errors import ConstraintError, DTypeError, ShapeError, TileError
+from ..machine import dtypes
+from ..machine.jit import device
+from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
+from ..machine.plan import Buffer, align_elems, align_up, cube_tiles
+
+GQA_MODES = ("head_loop", "expand_clone")
+PV_MODES = ("storage", "compensated", "fp32")
+PV_CODE = {"storage": 0, "compensated": 1, "fp32": 2}
+GEMM_MIN_ROWS = 16  # tiles with at least this many rows use np.dot (BLAS) for QK^T and PV
+NEG_INF = np.float32(-np.inf)
+
+# vector element-ops per (row, key) of a processed tile: scale, max, sub, exp, sum, cast of P;
+# +1 with a mask (add), +2 for the compensated residual (sub, cast)
+TILE_OPS = 6
+# per row of a processed tile: merge m' (1), a and c (2 sub + 2 exp), l' (3) = 8, and 3 per
+# output element (a*O_s, c*O, add); the compensated option adds one per output element (O_hi+O_lo)
+MERGE_ROW_OPS = 8
+MERGE_ELEM_OPS = 3
+# per output row: divide by l and cast (per element)
+FINAL_ELEM_OPS = 2
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32 views of storage tiles (dispatched on the kernel-view dtype at compile time)
+
+
+def f32_tile(a, b, h, j0, n, scratch):
+    """``a[b, h, j0:j0+n, :]`` as a C-contiguous float32 [n, D] array (view for fp32, else widened)."""
+    raise NotImplementedError  # numba only
+
+
+@overload(f32_tile)
+def _f32_tile_impl(a, b, h, j0, n, scratch):
+    if not isinstance(a, types.Array):
+        return None
+    if a.dtype == types.float32:
+        def impl(a, b, h, j0, n, scratch):
+            return a[b, h, j0:j0 + n]
+        return impl
+
+    def impl(a, b, h, j0, n, scratch):
+        d = a.shape[3]
+        t = scratch[: n * d].reshape((n, d))
+        for j in range(n):
+            for c in range(d):
+                t[j, c] = dtypes.widen(a[b, h, j0 + j, c])
+        return t
+    return impl
+
+
+# ---------------------------------------------------------------------------------------------
+# tile bodies (serial inside one task)
+
+
+@device
+def load_q_block(q, b, kvh, G, i0, qv, qf):
+    """qf[r*D + d] = q[b, kvh*G + g, i0 + ii, d] (fp32), r = g*qv + ii."""
+    D = q.shape[3]
+    for g in range(G):
+        for ii in range(qv):
+            base = (g * qv + ii) * D
+            for d in range(D):
+                qf[base + d] = dtypes.widen(q[b, kvh * G + g, i0 + ii, d])
+
+
+@device
+def tile_scores(qf, R, k, b, h, j0, n, s, kf, use_gemm):
+    """s[r*n + j] = sum_d qf[r, d] * k[b, h, j0 + j, d] in fp32 (R rows, n keys)."""
+    D = k.shape[3]
+    if use_gemm:
+        kt = f32_tile(k, b, h, j0, n, kf)
+        np.dot(qf[: R * D].reshape((R, D)), kt.T, s[: R * n].reshape((R, n)))
+    else:
+        # decode: 4 rows share each K element loaded (4 vector accumulators), then single rows
+        r = 0
+        while r + 4 <= R:
+            q0 = r * D
+            q1 = q0 + D
+            q2 = q1 + D
+            q3 = q2 + D
+            n2 = n - n % 2
+            for j in range(0, n2, 2):  # 2 keys x 4 rows: 8 accumulators, 6 loads per 8 FMAs
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                a2 = np.float32(0.0)
+                a3 = np.float32(0.0)
+                c0 = np.float32(0.0)
+                c1 = np.float32(0.0)
+                c2 = np.float32(0.0)
+                c3 = np.float32(0.0)
+                for d in range(D):
+                    kd = dtypes.widen(k[b, h, j0 + j, d])
+                    ke = dtypes.widen(k[b, h, j0 + j + 1, d])
+                    x0 = qf[q0 + d]
+                    x1 = qf[q1 + d]
+                    x2 = qf[q2 + d]
+                    x3 = qf[q3 + d]
+                    a0 += x0 * kd
+                    a1 += x1 * kd
+                    a2 += x2 * kd
+                    a3 += x3 * kd
+                    c0 += x0 * ke
+                    c1 += x1 * ke
+                    c2 += x2 * ke
+                    c3 += x3 * ke
+                s[r * n + j] = a0
+                s[(r + 1) * n + j] = a1
+                s[(r + 2) * n + j] = a2
+                s[(r + 3) * n + j] = a3
+                s[r * n + j + 1] = c0
+                s[(r + 1) * n + j + 1] = c1
+                s[(r + 2) * n + j + 1] = c2
+                s[(r + 3) * n + j + 1] = c3
+            for j in range(n2, n):
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                a2 = np.float32(0.0)
+                a3 = np.float32(0.0)
+                for d in range(D):
+                    kd = dtypes.widen(k[b, h, j0 + j, d])
+                    a0 += qf[q0 + d] * kd
+                    a1 += qf[q1 + d] * kd
+                    a2 += qf[q2 + d] * kd
+                    a3 += qf[q3 + d] * kd
+                s[r * n + j] = a0
+                s[(r + 1) * n + j] = a1
+                s[(r + 2) * n + j] = a2
+                s[(r + 3) * n + j] = a3
+            r += 4
+        while r + 2 <= R:
+            q0 = r * D
+            q1 = q0 + D
+            for j in range(n):
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                for d in range(D):
+                    kd = dtypes.widen(k[b, h, j0 + j, d])
+                    a0 += qf[q0 + d] * kd
+                    a1 += qf[q1 + d] * kd
+                s[r * n + j] = a0
+                s[(r + 1) * n + j] = a1
+            r += 2
+        while r < R:
+            q0 = r * D
+            for j in range(n):
+                acc = np.float32(0.0)
+                for d in range(D):
+                    acc += qf[q0 + d] * dtypes.widen(k[b, h, j0 + j, d])
+                s[r * n + j] = acc
+            r += 1
+
+
+@device
+def tile_pv(p, R, n, v, b, h, j0, o, vf, use_gemm, nmax):
+    """o[r*Dv + c] = sum_{j < n} p[r*n + j] * v[b, h, j0 + j, c] in fp32 (overwrites o).
+
+    ``nmax``: keys past it have p = 0 in every row (allowed prefix), so the loops stop there.
+    """
+    Dv = v.shape[3]
+    if use_gemm:
+        vt = f32_tile(v, b, h, j0, n, vf)
+        np.dot(p[: R * n].reshape((R, n)), vt, o[: R * Dv].reshape((R, Dv)))
+    else:
+        for i in range(R * Dv):
+            o[i] = np.float32(0.0)
+        # decode: 4 keys per pass over a row of o (one load/store of o per 4 FMAs); fp32 adds
+        # in key order per element, as a single accumulator would do them
+        j4 = nmax - nmax % 4
+        r2 = R - R % 2
+        for r in range(0, r2, 2):  # 2 rows x 4 keys: 6 loads and 2 stores per 8 FMAs
+            base = r * Dv
+            pb = r * n
+            for j in range(0, j4, 4):
+                p0 = p[pb + j]
+                p1 = p[pb + j + 1]
+                p2 = p[pb + j + 2]
+                p3 = p[pb + j + 3]
+                e0 = p[pb + n + j]
+                e1 = p[pb + n + j + 1]
+                e2 = p[pb + n + j + 2]
+                e3 = p[pb + n + j + 3]
+                for c in range(Dv):
+                    w0 = dtypes.widen(v[b, h, j0 + j, c])
+                    w1 = dtypes.widen(v[b, h, j0 + j + 1, c])
+                    w2 = dtypes.widen(v[b, h, j0 + j + 2, c])
+                    w3 = dtypes.widen(v[b, h, j0 + j + 3, c])
+                    acc = o[base + c]
+                    acc += p0 * w0
+                    acc += p1 * w1
+                    acc += p2 * w2
+                    acc += p3 * w3
+                    o[base + c] = acc
+                    acc2 = o[base + Dv + c]
+                    acc2 += e0 * w0
+                    acc2 += e1 * w1
+                    acc2 += e2 * w2
+                    acc2 += e3 * w3
+                    o[base + Dv + c] = acc2
+            for rr in range(r, r + 2):
+                for j in range(j4, nmax):
+                    pr = p[rr * n + j]
+                    for c in range(Dv):
+                        o[rr * Dv + c] += pr * dtypes.widen(v[b, h, j0 + j, c])
+        for r in range(r2, R):
+            base = r * Dv
+            pb = r * n
+            for j in range(0, j4, 4):
+                p0 = p[pb + j]
+                p1 = p[pb + j + 1]
+                p2 = p[pb + j + 2]
+                p3 = p[pb + j + 3]
+                for c in range(Dv):
+                    acc = o[base + c]
+                    acc += p0 * dtypes.widen(v[b, h, j0 + j, c])
+                    acc += p1 * dtypes.widen(v[b, h, j0 + j + 1, c])
+                    acc += p2 * dtypes.widen(v[b, h, j0 + j + 2, c])
+                    acc += p3 * dtypes.widen(v[b, h, j0 + j + 3, c])
+                    o[base + c] = acc
+            for j in range(j4, nmax):
+                pr = p[pb + j]
+                for c in range(Dv):
+                    o[base + c] += pr * dtypes.widen(v[b, h, j0 + j, c])
+
+
+@device
+def allowed_keys(b, i, Sq, Skv, kv_len, causal):
+    """Number of keys query position i of batch b may attend: keys 0 .. result-1 (a prefix)."""
+    kvl = kv_len[b]
+    lim = kvl
+    if causal:
+        lim = min(kvl, i + kvl - Sq + 1)
+    return max(min(lim, Skv), 0)
+
+
+@device
+def row_max(s, base, c):
+    """max of s[base:base+c] (-inf for c == 0) with 8 independent partial maxima.
+
+    A single running max is a serial compare/select chain that LLVM does not vectorise without
+    the ``nnan`` flag (which pypto_numba never uses); 8 chains keep the pipeline busy.
+    """
+    m0 = NEG_INF
+    m1 = NEG_INF
+    m2 = NEG_INF
+    m3 = NEG_INF
+    m4 = NEG_INF
+    m5 = NEG_INF
+    m6 = NEG_INF
+    m7 = NEG_INF
+    c8 = c - c % 8
+    for j in range(base, base + c8, 8):
+        m0 = s[j] if s[j] > m0 else m0
+        m1 = s[j + 1] if s[j + 1] > m1 else m1
+        m2 = s[j + 2] if s[j + 2] > m2 else m2
+        m3 = s[j + 3] if s[j + 3] > m3 else m3
+        m4 = s[j + 4] if s[j + 4] > m4 else m4
+        m5 = s[j + 5] if s[j + 5] > m5 else m5
+        m6 = s[j + 6] if s[j + 6] > m6 else m6
+        m7 = s[j + 7] if s[j + 7] > m7 else m7
+    for j in range(base + c8, base + c):
+        m0 = s[j] if s[j] > m0 else m0
+    m0 = m1 if m1 > m0 else m0
+    m2 = m3 if m3 > m2 else m2
+    m4 = m5 if m5 > m4 else m4
+    m6 = m7 if m7 > m6 else m6
+    m0 = m2 if m2 > m0 else m0
+    m4 = m6 if m6 > m4 else m4
+    return m4 if m4 > m0 else m0
+
+
+@device
+def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+                 has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, like):
+    """Scale, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype.
+
+    Writes ph (and pl only for pv_mode 1, so pl may alias ph otherwise) [R, n], mt[R], lt[R]. Returns the largest allowed key count
+    in the tile (keys past it have p = 0 in every row).
+    """
+    nmax = 0
+    for r in range(R):
+        g = r // qv
+        i = i0 + r - g * qv
+        c = allowed_keys(b, i, Sq, Skv, kv_len, causal) - j0
+        c = max(min(c, n), 0)
+        nmax = max(nmax, c)
+        base = r * n
+        if has_mask:
+            mbase = b * msb + (kvh * G + g) * msh + i * msi + j0 * msj
+            for j in range(c):
+                s[base + j] = s[base + j] * scale + mask[mbase + j * msj]
+        else:
+            for j in range(c):
+                s[base + j] = s[base + j] * scale
+        m = row_max(s, base, c)
+        total = np.float32(0.0)
+        if m == NEG_INF:  # no allowed key in this tile (or all -inf through the mask)
+            c = 0
+        elif pv_mode == 2:
+            for j in range(c):
+                e = vexp(s[base + j] - m)
+                total += e
+                ph[base + j] = e
+        elif pv_mode == 1:
+            for j in range(c):
+                e = vexp(s[base + j] - m)
+                total += e
+                hi = dtypes.round_as(like, e)
+                ph[base + j] = hi
+                pl[base + j] = dtypes.round_as(like, e - hi)
+        else:
+            for j in range(c):
+                e = vexp(s[base + j] - m)
+                total += e
+                ph[base + j] = dtypes.round_as(like, e)
+        for j in range(c, n):
+            ph[base + j] = np.float32(0.0)
+        if pv_mode == 1:
+            for j in range(c, n):
+                pl[base + j] = np.float32(0.0)
+        mt[r] = m
+        lt[r] = total
+    return nmax
+
+
+@device
+def merge_state(ms, ls, os, mt, lt, ot, R, Dv):
+    """Online-softmax merge of a tile (mt, lt, ot) into the state (ms, ls, os), in place."""
+    for r in range(R):
+        m_new = max(ms[r], mt[r])
+        if m_new == NEG_INF:
+            continue
+        a = vexp(ms[r] - m_new)
+        c = vexp(mt[r] - m_new)
+        ls[r] = a * ls[r] + c * lt[r]
+        ms[r] = m_new
+        base = r * Dv
+        for d in range(Dv):
+            os[base + d] = a * os[base + d] + c * ot[base + d]
+
+
+@device
+def reset_state(ms, ls, os, R, Dv):
+    for r in range(R):
+        ms[r] = NEG_INF
+        ls[r] = np.float32(0.0)
+    for i in range(R * Dv):
+        os[i] = np.float32(0.0)
+
+
+@device
+def write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv):
+    """out[b, kvh*G+g, i0+ii, :] = os[r] / ls[r] (0 for l == 0), one cast to the storage dtype."""
+    for r in range(R):
+        g = r // qv
+        ii = r - g * qv
+        h = kvh * G + g
+        l = ls[r]
+        inv = np.float32(1.0) / l if l > 0 else np.float32(0.0)
+        base = r * Dv
+        for d in range(Dv):
+            out[b, h, i0 + ii, d] = dtypes.narrow(out, os[base + d] * inv)
+
+
+@device
+def write_lse(ms, ls, R, lse, b, kvh, G, i0, qv):
+    for r in range(R):
+        g = r // qv
+        ii = r - g * qv
+        l = ls[r]
+        lse[b, kvh * G + g, i0 + ii] = ms[r] + np.float32(math.log(l)) if l > 0 else NEG_INF
+
+
+@device
+def tile_vector_ops(R, n, Dv, has_mask, pv_mode):
+    """Vector element-ops of one processed tile (softmax pieces + merge)."""
+    per = TILE_OPS + (1 if has_mask else 0) + (2 if pv_mode == 1 else 0)
+    merge = MERGE_ROW_OPS + (MERGE_ELEM_OPS + (1 if pv_mode == 1 else 0)) * Dv
+    return R * n * per + R * merge
+
+
+@device
+def tile_cube_flops(R, n, D, Dv, pv_mode):
+    return 2 * R * n * D + 2 * R * n * Dv * (2 if pv_mode == 1 else 1)
+
+
+def thread_count() -> int:
+    return numba.get_num_threads()
+
+
+# ---------------------------------------------------------------------------------------------
+# validation (Python, before any kernel)
+
+
+class Args:
+    """Validated attention inputs and options."""
+
+    __slots__ = ("q", "k", "v", "dtype", "B", "Hq", "Hkv", "Sq", "Skv", "D", "Dv", "G", "scale",
+                 "causal", "kv_len", "kv_len_given", "has_mask", "mask_flat", "mask_strides", "gqa",
+                 "copied_bytes")
+
+    @property
+    def shapes(self):
+        return (self.q.shape, self.k.shape, self.v.shape)
+
+
+def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop") -> Args:
+    a = Args()
+    qt = inputs.tensor(q, "q", where, min_rank=4, max_rank=4)
+    kt = inputs.tensor(k, "k", where, min_rank=4, max_rank=4)
+    vt = inputs.tensor(v, "v", where, min_rank=4, max_rank=4)
+    a.dtype = inputs.same_dtype(where, q=qt, k=kt, v=vt)
+    B, Hq, Sq, D = qt.shape
+    Bk, Hkv, Skv, Dk = kt.shape
+    Bv, Hv, Sv, Dv = vt.shape
+    if Bk != B or Bv != B:
+        raise ShapeError(f"{where}: batch sizes differ: q {qt.shape}, k {kt.shape}, v {vt.shape}")
+    if Dk != D:
+        raise ShapeError(f"{where}: head dim of k ({Dk}) differs from q ({D}); q {qt.shape}, k {kt.shape}")
+    if Hv != Hkv or Sv != Skv:
+        raise ShapeError(f"{where}: k {kt.shape} and v {vt.shape} must share [B, Hkv, Skv]")
+    if Hq % Hkv:
+        raise ShapeError(
+            f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0)"
+        )
+    a.q, a.k, a.v = qt, kt, vt
+    a.B, a.Hq, a.Hkv, a.Sq, a.Skv, a.D, a.Dv, a.G = B, Hq, Hkv, Sq, Skv, D, Dv, Hq // Hkv
+    a.copied_bytes = qt.copied_bytes + kt.copied_bytes + vt.copied_bytes
+    a.scale = check_scale(scale, D, where)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ConstraintError(f"{where}: causal must be True or False, got {causal!r}")
+    a.causal = bool(causal)
+    a.kv_len, a.kv_len_given = check_kv_len(kv_len, B, Skv, where)
+    a.has_mask, a.mask_flat, a.mask_strides = check_mask(mask, (B, Hq, Sq, Skv), where)
+    a.gqa = check_gqa(gqa, where)
+    return a
+
+
+def check_scale(scale, D, where):
+    if scale is None:
+        return np.float32(1.0 / math.sqrt(D))
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ConstraintError(f"{where}: scale must be a finite real number, got {scale!r}")
+    return np.float32(scale)
+
+
+def check_gqa(gqa, where):
+    if gqa not in GQA_MODES:
+        raise ConstraintError(f"{where}: gqa must be one of {GQA_MODES}, got {gqa!r}")
+    return gqa
+
+
+def check_pv(pv, where):
+    if pv not in PV_MODES:
+        raise ConstraintError(f"{where}: pv must be one of {PV_MODES}, got {pv!r}")
+    return pv
+
+
+def check_kv_len(kv_len, B, Skv, where):
+    """-> (int64 array [B], given?). Values must lie in [0, Skv]."""
+    if kv_len is None:
+        return np.full(B, Skv, dtype=np.int64), False
+    arr = np.asarray(kv_len)
+    if arr.dtype.kind not in "iu":
+        raise DTypeError(f"{where}: kv_len must be an integer array [B], got dtype {arr.dtype}")
+    if arr.shape != (B,):
+        raise ShapeError(f"{where}: kv_len must have shape [B] = ({B},), got {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() > Skv):
+        bad = int(np.flatnonzero((arr < 0) | (arr > Skv))[0])
+        raise ConstraintError(
+            f"{where}: kv_len[{bad}] = {int(arr[bad])} is outside [0, Skv={Skv}]"
+        )
+    return np.ascontiguousarray(arr, dtype=np.int64), True
+
+
+def check_mask(mask, full, where):
+    """-> (has_mask, flat float32 array, element strides (b, h, i, j) with 0 on broadcast dims)."""
+    if mask is None:
+        return False, np.zeros(1, np.float32), (0, 0, 0, 0)
+    if not isinstance(mask, np.ndarray):
+        raise DTypeError(f"{where}: mask must be a numpy float32 array, got {type(mask).__name__}")
+    if mask.dtype != np.float32:
+        raise DTypeError(
+            f"{where}: mask must be an additive float32 array, got dtype {mask.dtype}; "
+            f"convert with mask.astype(numpy.float32)"
+        )
+    if mask.ndim > 4:
+        raise ShapeError(f"{where}: mask has {mask.ndim} dims; it must broadcast to [B, Hq, Sq, Skv] = {full}")
+    shape4 = (1,) * (4 - mask.ndim) + mask.shape
+    if any(m not in (1, f) for m, f in zip(shape4, full)) or mask.size == 0:
+        raise ShapeError(f"{where}: mask of shape {mask.shape} does not broadcast to [B, Hq, Sq, Skv] = {full}")
+    flat = np.ascontiguousarray(mask).reshape(shape4)
+    strides = []
+    acc = 1
+    for dim in reversed(shape4):
+        strides.append(acc if dim > 1 else 0)
+        acc *= dim
+    strides = tuple(reversed(strides))
+    return True, flat.reshape(-1), strides
+
+
+# ---------------------------------------------------------------------------------------------
+# plan helpers
+
+
+def shapes_of(q_shape, k_shape, v_shape, where):
+    q_shape, k_shape = tuple(int(x) for x in q_shape), tuple(int(x) for x in k_shape)
+    v_shape = k_shape if v_shape is None else tuple(int(x) for x in v_shape)
+    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
+        if len(s) != 4 or any(d <= 0 for d in s):
+            raise ShapeError(f"{where}: {name} shape must be [B, H, S, D] with positive dims, got {s}")
+    B, Hq, Sq, D = q_shape
+    _, Hkv, Skv, _ = k_shape
+    if Hq % Hkv:
+        raise ShapeError(f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0)")
+    return B, Hq, Sq, D, Hkv, Skv, v_shape[3]
+
+
+def kv_len_array(kv_len, B, Skv):
+    if kv_len is None:
+        return np.full(B, Skv, dtype=np.int64)
+    return np.asarray(kv_len, dtype=np.int64).reshape(B)
+
+
+def cube_buffers(where, m, k, n, a_dtype, b_dtype, prof, hint):
+    """Cube tiles for an [m, k] x [k, n] tile matmul: whole tile in L1, L0 split to fit.
+
+    mL1 = A16(m), kL1 = A16(k), nL1 = A16(n); L0 tiles halve kL0, then mL0/nL0, until they fit
+    L0A/L0B/L0C (each still dividing its L1 tile). TileError when even that does not fit (L1).
+    """
+    m1, k1, n1 = (align_up(x, 16) for x in (m, k, n))
+    m0, k0, n0 = m1, k1, n1
+    a_size, b_size = (4 if d == "fp32" else 2 for d in (a_dtype, b_dtype))
+
+    def fits():
+        return (m0 * k0 * a_size <= prof.l0a_bytes and n0 * k0 * b_size <= prof.l0b_bytes
+                and m0 * n0 * 4 <= prof.l0c_bytes)
+
+    def halve(x, whole):
+        h = x // 2
+        return h if h >= 16 and h % 16 == 0 and whole % h == 0 else x
+
+    for _ in range(64):
+        if fits():
+            break
+        nk = halve(k0, k1)
+        if nk != k0 and (m0 * k0 * a_size > prof.l0a_bytes or n0 * k0 * b_size > prof.l0b_bytes):
+            k0 = nk
+            continue
+        nm, nn = halve(m0, m1), halve(n0, n1)
+        if m0 >= n0 and nm != m0:
+            m0 = nm
+        elif nn != n0:
+            n0 = nn
+        elif nm != m0:
+            m0 = nm
+        elif nk != k0:
+            k0 = nk
+        else:
+            break
+    try:
+        return cube_tiles(((m0, m1), (k0, k1), (n0, n1)), a_dtype, b_dtype, prof, where)
+    except TileError as exc:
+        raise TileError(f"{exc}; {hint}") from None
+
+
+def ub_tile(name, rows, cols, dtype, prof):
+    """A UB buffer [rows, cols] with the last dim padded to 32 B (what gym does for short rows)."""
+    return Buffer(name, "UB", (max(rows, 1), align_elems(cols, dtype, prof)), dtype)
+
+
+def check_ub(where, buffers, prof, hint):
+    used = sum(b.nbytes for b in buffers if b.level == "UB")
+    if used > prof.ub_bytes:
+        parts = " + ".join(str(b) for b in buffers if b.level == "UB")
+        raise TileError(f"{where}: UB needs {used} B ({parts}) but {prof.name} has {prof.ub_bytes} B; {hint}")
+
+
+# ---------------------------------------------------------------------------------------------
+# gqa="expand_clone": materialise K and V with repeat_kv's copy kernel first (counted)
+
+
+def expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa):
+    """KernelPlans of the two copies (k, v) when gqa="expand_clone" and G > 1, else ()."""
+    from .. import repeat_kv
+
+    if gqa != "expand_clone" or Hq == Hkv:
+        return ()
+    G = Hq // Hkv
+    return (repeat_kv.expand_kernel_plan((B, Hkv, Skv, D), G, dtype, prof, "expand_clone_k"),
+            repeat_kv.expand_kernel_plan((B, Hkv, Skv, Dv), G, dtype, prof, "expand_clone_v"))
+
+
+def run_expand(a: Args, run):
+    """-> (k kview, v kview) to run on: the inputs, or their expanded copies (counted in run)."""
+    from .. import repeat_kv
+
+    if a.gqa != "expand_clone" or a.G == 1:
+        return a.k.kview, a.v.kview
+    outs = []
+    for t in (a.k, a.v):
+        B, Hkv, S, D = t.shape
+        _, kview = dtypes.empty((B, Hkv * a.G, S, D), a.dtype)
+        counted = repeat_kv.run_expand(t.kview, a.G, kview)
+        run.count(counted, workspace_bytes=kview.nbytes)
+        outs.append(kview)
+    return outs[0], outs[1]
+
+
+def merge_cube(*groups):
+    """Per buffer level, keep the group of cube buffers that needs the most (they run in turn)."""
+    out = []
+    levels = sorted({b.level for g in groups for b in g})
+    for level in levels:
+        best = max(groups, key=lambda g: sum(b.nbytes for b in g if b.level == level))
+        out.extend(b for b in best if b.level == level)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# running a kernel: SciPy's OpenBLAS on one thread (np.dot inside prange; otherwise every call
+# spawns BLAS threads: measured 40x slower on 2 cores) and dynamic task hand-out (tile tasks take
+# 0.1-10 ms; with the static split a call waits for whichever thread the OS parks)
+
+
+class kernel_context:
+    """``with kernel_context() as ctx: kernel(..., ctx.gemm_rows, ...)`` (machine/cube.py helpers).
+
+    ``gemm_rows``: GEMM_MIN_ROWS when SciPy's OpenBLAS can be held at one thread, else "never"
+    (hand-written loops only).
+    """
+
+    def __enter__(self):
+        from ..machine import cube
+
+        self._stack = contextlib.ExitStack()
+        have_blas = cube._scipy_openblas() is not None
+        self._stack.enter_context(cube.single_thread_blas())
+        self._stack.enter_context(cube.dynamic_tasks(1))
+        self.gemm_rows = GEMM_MIN_ROWS if have_blas else 1 << 62
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        return False
+
+
+def fit_q_tile(tile_buffers, G, qt):
+    """Buffers for the largest q_tile <= qt (halving) whose tiles fit; the first error otherwise.
+
+    ``tile_buffers(Rmax)`` raises TileError when [Rmax = G*q_tile]-row tiles do not fit. The
+    s_ub buffer (first) has Rmax rows, so the caller reads the chosen q_tile back from it.
+    """
+    first = None
+    while True:
+        try:
+            return tile_buffers(G * qt)
+        except TileError as exc:
+            first = first or exc
+            if qt == 1:
+                raise first from None
+            qt = max(1, qt // 2)

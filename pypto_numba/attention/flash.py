@@ -1,0 +1,346 @@
+"""attention.flash: the fused kernel: query tiles x KV tiles, state on-chip, masked tiles skipped.
+
+One tile task per (batch, KV head, query tile[, KV split]); the [R = G*qv, D] query block (G
+heads of the KV head, qv query positions) walks its KV tiles with the running max/sum/output kept
+on-chip (UB), so no state traffic reaches GM. Tiles that are fully masked for every row of the
+block are not run: with ``kv_len`` and bottom-right ``causal`` the allowed keys of a row are a
+prefix, so the block runs the first ``T = ceil(min(kv_len, last_row_limit + 1) / kv_tile)`` tiles
+(P is rounded to the storage dtype before P@V, as on the NPU).
+
+Split-KV (flash-decoding): with fewer blocks than the profile has cube cores, the T tiles of a
+block are divided into ``num_splits`` contiguous ranges (``ceil(T / num_splits)`` tiles each); each
+split writes its partial (m, l, O) to GM workspace and a combine kernel merges them with
+log-sum-exp weights ``exp(m_s - max m)``. ``num_splits=None`` picks ``cube_cores // blocks``.
+
+Traffic (b = itemsize, R rows, n valid keys of a run tile, state row (Dv + 2)*4 B)::
+
+    1 kernel   read Q R*D*b per task + run tiles' K and V (n*(D+Dv)*b) [+ mask R*n*4];
+               write R*Dv*b [+ lse R*4]
+    split      kernel 1 writes R*(Dv+2)*4 per task instead of the output; kernel 2 (combine)
+               reads num_splits*R*(Dv+2)*4 per block and writes R*Dv*b [+ R*4]
+               workspace num_splits*B*Hq*Sq*(Dv+2)*4
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from .. import inputs
+from ..errors import ConstraintError
+from ..machine import dtypes
+from ..machine.jit import kernel
+from ..machine.plan import KernelPlan, Plan, reduce_tile
+from ..machine.profile import load_profile
+from ..strategy import Launch, register
+from . import _common as C
+
+COMBINE_ROW_OPS = 3  # per row and split: max, sub, exp of the weight
+COMBINE_ELEM_OPS = 2  # per output element and split: w*O_s and the add
+LSE_ROW_OPS = 2  # log and add
+
+
+@kernel
+def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, mask, msb, msh,
+                  msi, msj, qt, kv_tile, n_split, gemm_rows, scratch, state, part_m, part_l, part_o):
+    B, Hq, Sq, D = q.shape
+    Hkv = k.shape[1]
+    Skv = k.shape[2]
+    Dv = v.shape[3]
+    G = Hq // Hkv
+    nq = (Sq + qt - 1) // qt
+    Rmax = G * min(qt, Sq)
+    Dm = max(D, Dv)
+    b_sz = q.itemsize
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    cube_flops = 0
+    for task in prange(B * Hkv * nq * n_split):
+        sp = task // (B * Hkv * nq)  # split-major: the tasks of one split are contiguous
+        blk = task - sp * (B * Hkv * nq)
+        b = blk // (Hkv * nq)
+        rem = blk - b * (Hkv * nq)
+        kvh = rem // nq
+        qi = rem - kvh * nq
+        i0 = qi * qt
+        qv = min(qt, Sq - i0)
+        R = G * qv
+        sc = scratch[numba.get_thread_id()]
+        o0 = Rmax * D
+        o1 = o0 + Rmax * kv_tile
+        o2 = o1 + Rmax * kv_tile
+        o3 = o2 + kv_tile * Dm
+        o4 = o3 + Rmax * Dv
+        o5 = o4 + Rmax
+        qf = sc[0:o0]
+        s = sc[o0:o1]
+        ph = sc[o1:o2]
+        kf = sc[o2:o3]
+        ot = sc[o3:o4]
+        mt = sc[o4:o5]
+        lt = sc[o5:o5 + Rmax]
+        # the running state gets its own array (as slices of the tile scratch, the final read of
+        # l was miscompiled: reordered before the merge's write, seen with numba 0.68)
+        st = state[numba.get_thread_id()]
+        ms = st[0:Rmax]
+        ls = st[Rmax:2 * Rmax]
+        os = st[2 * Rmax:2 * Rmax + Rmax * Dv]
+        limit = C.allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
+        T = (limit + kv_tile - 1) // kv_tile
+        per = (T + n_split - 1) // n_split
+        t_lo = min(sp * per, T)
+        t_hi = min(t_lo + per, T)
+        C.reset_state(ms, ls, os, R, Dv)
+        C.load_q_block(q, b, kvh, G, i0, qv, qf)
+        gm_read += R * D * b_sz
+        use_gemm = R >= gemm_rows
+        for t in range(t_lo, t_hi):
+            j0 = t * kv_tile
+            n = min(kv_tile, Skv - j0)
+            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm)
+            nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+                                  has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
+            C.tile_pv(ph, R, n, v, b, kvh, j0, ot, kf, use_gemm, nmax)
+            C.merge_state(ms, ls, os, mt, lt, ot, R, Dv)
+            gm_read += n * D * b_sz + n * Dv * b_sz
+            if has_mask:
+                gm_read += R * n * 4
+            vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, 0)
+            cube_flops += C.tile_cube_flops(R, n, D, Dv, 0)
+        if n_split == 1:
+            C.write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
+            gm_write += R * Dv * b_sz
+            vector_ops += R * Dv * C.FINAL_ELEM_OPS
+            if want_lse:
+                C.write_lse(ms, ls, R, lse, b, kvh, G, i0, qv)
+                gm_write += R * 4
+                vector_ops += R * LSE_ROW_OPS
+        else:
+            pm = part_m[sp, blk]
+            pl = part_l[sp, blk]
+            po = part_o[sp, blk]
+            for r in range(R):
+                pm[r] = ms[r]
+                pl[r] = ls[r]
+            for i in range(R * Dv):
+                po[i] = os[i]
+            gm_write += R * (Dv + 2) * 4
+        tasks += 1
+    return tasks, gm_read, gm_write, vector_ops, cube_flops
+
+
+@kernel
+def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
+    n_split = part_m.shape[0]
+    B, Hq, Sq, Dv = out.shape
+    G = Hq // Hkv
+    nq = (Sq + qt - 1) // qt
+    b_sz = out.itemsize
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    for blk in prange(B * Hkv * nq):
+        b = blk // (Hkv * nq)
+        rem = blk - b * (Hkv * nq)
+        kvh = rem // nq
+        qi = rem - kvh * nq
+        i0 = qi * qt
+        qv = min(qt, Sq - i0)
+        R = G * qv
+        for r in range(R):
+            g = r // qv
+            ii = r - g * qv
+            h = kvh * G + g
+            m = C.NEG_INF
+            for sp in range(n_split):
+                m = max(m, part_m[sp, blk, r])
+            l = np.float32(0.0)
+            if m == C.NEG_INF:
+                for d in range(Dv):
+                    out[b, h, i0 + ii, d] = dtypes.narrow(out, np.float32(0.0))
+                if want_lse:
+                    lse[b, h, i0 + ii] = C.NEG_INF
+                continue
+            for sp in range(n_split):
+                l += C.vexp(part_m[sp, blk, r] - m) * part_l[sp, blk, r]
+            inv = np.float32(1.0) / l
+            for d in range(Dv):
+                o = np.float32(0.0)
+                for sp in range(n_split):
+                    w = C.vexp(part_m[sp, blk, r] - m)
+                    o += w * part_o[sp, blk, r * Dv + d]
+                out[b, h, i0 + ii, d] = dtypes.narrow(out, o * inv)
+            if want_lse:
+                lse[b, h, i0 + ii] = m + np.float32(np.log(l))
+        gm_read += n_split * R * (Dv + 2) * 4
+        gm_write += R * Dv * b_sz
+        vector_ops += R * (n_split * (COMBINE_ROW_OPS + COMBINE_ELEM_OPS * Dv) + C.FINAL_ELEM_OPS * Dv)
+        if want_lse:
+            gm_write += R * 4
+            vector_ops += R * LSE_ROW_OPS
+        tasks += 1
+    return tasks, gm_read, gm_write, vector_ops, 0
+
+
+def scratch_elems(Rmax, D, Dv, kv_tile):
+    return Rmax * D + 2 * Rmax * kv_tile + kv_tile * max(D, Dv) + Rmax * Dv + 2 * Rmax
+
+
+def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
+    """T[b, qi]: the KV tiles a block runs (the same prefix rule as the kernel)."""
+    kv_len = C.kv_len_array(kv_len, B, Skv)
+    nq = -(-Sq // qt)
+    T = np.zeros((B, nq), dtype=np.int64)
+    for b in range(B):
+        for qi in range(nq):
+            last = min(qi * qt + qt, Sq) - 1
+            lim = int(kv_len[b])
+            if causal:
+                lim = min(lim, last + lim - Sq + 1)
+            lim = max(min(lim, Skv), 0)
+            T[b, qi] = -(-lim // kv_tile)
+    return T
+
+
+def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_tile=None,
+               kv_tile=None, num_splits=None, return_lse=False, causal=False, kv_len=None,
+               has_mask=False, gqa="head_loop") -> Plan:
+    """Plan of :func:`flash` (shapes [B, H, S, D]; ``kv_len``/``causal`` decide the skipped tiles)."""
+    where = "attention.flash"
+    prof = load_profile(profile)
+    B, Hq, Sq, D, Hkv, Skv, Dv = C.shapes_of(q_shape, k_shape, v_shape, where)
+    C.check_gqa(gqa, where)
+    expand = C.expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
+    if expand:
+        Hkv = Hq
+    G = Hq // Hkv
+    kv_tile = prof.tile("flash_kv_tile") if kv_tile is None else inputs.positive_int(kv_tile, "kv_tile", where)
+    hint = "use a smaller kv_tile or q_tile"
+
+    def tile_buffers(Rmax):
+        ub = [
+            C.ub_tile("s_ub", Rmax, kv_tile, "fp32", prof),
+            C.ub_tile("p_ub", Rmax, kv_tile, dtype, prof),
+            C.ub_tile("o_tile_ub", Rmax, Dv, "fp32", prof),
+            C.ub_tile("o_state_ub", Rmax, Dv, "fp32", prof),
+            C.ub_tile("ml_state_ub", Rmax, 32, "fp32", prof),  # tile m, l and state m, l
+        ]
+        if has_mask:
+            ub.append(C.ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
+        C.check_ub(where, ub, prof, hint)
+        reduce_tile(ub[0], prof, where, hint)
+        qk = C.cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
+        pv_buf = C.cube_buffers(where, Rmax, kv_tile, Dv, dtype, dtype, prof, hint)
+        return tuple(ub) + C.merge_cube(qk, pv_buf)
+
+    if q_tile is None:  # default: flash_q_tile rows, halved until the tile buffers fit
+        qt = min(max(1, prof.tile("flash_q_tile") // G), Sq)
+        buffers = C.fit_q_tile(tile_buffers, G, qt)
+        qt = buffers[0].shape[0] // G
+    else:
+        qt = min(inputs.positive_int(q_tile, "q_tile", where), Sq)
+        buffers = tile_buffers(G * qt)
+    nq = -(-Sq // qt)
+    n_t = -(-Skv // kv_tile)
+    blocks = B * Hkv * nq
+    if num_splits is None:
+        n_split = max(1, min(prof.cube_cores // blocks, n_t)) if blocks < prof.cube_cores else 1
+    else:
+        n_split = inputs.positive_int(num_splits, "num_splits", where)
+    b = dtypes.itemsize(dtype)
+    Rmax = G * qt
+
+    T = run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal)
+    state_row = (Dv + 2) * 4
+    gm_read = gm_write = vector_ops = cube_flops = 0
+    for bi in range(B):
+        for qi in range(nq):
+            R = G * min(qt, Sq - qi * qt)
+            Tb = int(T[bi, qi])
+            per = -(-Tb // n_split)
+            rd = n_split * R * D * b
+            vec = flops = 0
+            for sp in range(n_split):
+                lo = min(sp * per, Tb)
+                hi = min(lo + per, Tb)
+                for t in range(lo, hi):
+                    n = min(kv_tile, Skv - t * kv_tile)
+                    rd += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
+                    vec += C.tile_vector_ops(R, n, Dv, bool(has_mask), 0)
+                    flops += C.tile_cube_flops(R, n, D, Dv, 0)
+            if n_split == 1:
+                wr = R * Dv * b + (R * 4 if return_lse else 0)
+                vec += R * Dv * C.FINAL_ELEM_OPS + (R * LSE_ROW_OPS if return_lse else 0)
+            else:
+                wr = n_split * R * state_row
+            gm_read += Hkv * rd
+            gm_write += Hkv * wr
+            vector_ops += Hkv * vec
+            cube_flops += Hkv * flops
+    workspace = n_split * B * Hq * Sq * state_row if n_split > 1 else 0
+    kernels = [KernelPlan(name="flash", unit="mixed", tasks=blocks * n_split, buffers=buffers,
+                          gm_read_bytes=gm_read, gm_write_bytes=gm_write, workspace_bytes=workspace,
+                          cube_flops=cube_flops, vector_ops=vector_ops)]
+    if n_split > 1:
+        rows = B * Hq * Sq
+        comb_ub = (C.ub_tile("part_ub", Rmax, Dv + 2, "fp32", prof),
+                   C.ub_tile("acc_ub", Rmax, Dv, "fp32", prof),
+                   C.ub_tile("out_ub", Rmax, Dv, dtype, prof))
+        C.check_ub(where, comb_ub, prof, hint)
+        kernels.append(KernelPlan(
+            name="flash_combine", unit="vector", tasks=blocks, buffers=comb_ub,
+            gm_read_bytes=n_split * rows * state_row,
+            gm_write_bytes=rows * Dv * b + (rows * 4 if return_lse else 0),
+            vector_ops=rows * (n_split * (COMBINE_ROW_OPS + COMBINE_ELEM_OPS * Dv) + C.FINAL_ELEM_OPS * Dv)
+            + (rows * LSE_ROW_OPS if return_lse else 0)))
+    return Plan(op="attention", strategy="flash", dtype=dtype, profile=prof,
+                kernels=expand + tuple(kernels),
+                params={"kv_tile": kv_tile, "q_tile": qt, "num_splits": n_split, "gqa": gqa,
+                        "return_lse": bool(return_lse)}, hint=hint)
+
+
+@register("attention", "flash", plan=plan_flash,
+          summary="fused flash kernel: state on-chip, masked tiles skipped, split-KV for decode")
+def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
+          q_tile=None, kv_tile=None, num_splits=None, return_lse=False, profile=None):
+    """Fused flash attention (see the module docstring). ``return_lse=True`` -> (out, lse fp32 [B, Hq, Sq])."""
+    where = "attention.flash"
+    a = C.validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise ConstraintError(f"{where}: return_lse must be True or False, got {return_lse!r}")
+    p = plan_flash(a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, q_tile=q_tile,
+                   kv_tile=kv_tile, num_splits=num_splits, return_lse=return_lse, causal=a.causal,
+                   kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa)
+    kvt, qt, n_split = p.params["kv_tile"], p.params["q_tile"], p.params["num_splits"]
+    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    lse = np.empty((a.B, a.Hq, a.Sq), np.float32)
+    want = bool(return_lse)
+    with Launch(p, a.shapes) as run:
+        kk, vk = C.run_expand(a, run)
+        Hkv = kk.shape[1]
+        G = a.Hq // Hkv
+        Rmax = G * qt
+        blocks = a.B * Hkv * (-(-a.Sq // qt))
+        scratch = np.empty((C.thread_count(), scratch_elems(Rmax, a.D, a.Dv, kvt)), np.float32)
+        state = np.empty((C.thread_count(), Rmax * (a.Dv + 2)), np.float32)
+        ps = n_split if n_split > 1 else 1
+        pb = blocks if n_split > 1 else 1
+        part_m = np.empty((ps, pb, Rmax), np.float32)
+        part_l = np.empty((ps, pb, Rmax), np.float32)
+        part_o = np.empty((ps, pb, Rmax * a.Dv), np.float32)
+        msb, msh, msi, msj = a.mask_strides
+        with C.kernel_context() as blas:
+            counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal,
+                                    a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, kvt,
+                                    n_split, blas.gemm_rows, scratch, state, part_m, part_l, part_o)
+        run.count(counted, workspace_bytes=p.kernels[len(p.kernels) - (2 if n_split > 1 else 1)].workspace_bytes)
+        if n_split > 1:
+            run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt))
+        run.workspace(a.copied_bytes)
+    if return_lse:
+        return out, lse
+    return out

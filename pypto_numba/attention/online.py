@@ -1,0 +1,234 @@
+"""attention.online: online softmax over KV tiles, running state in GM workspace (PyPTO decode).
+
+One tile task per (batch, KV head, query tile): the G query heads of the KV head and ``qv`` query
+positions form one [R = G*qv, D] block (head-loop reuse: each K/V tile is loaded once for all G
+heads, nothing is copied). The task walks all ``ceil(Skv / kv_tile)`` KV tiles (tail tile with a
+valid shape; kv_len and causal are applied by masking, nothing is skipped, as in the PyPTO loop
+over a padded cache) and per tile computes S = QK^T (fp32), scale, mask, local max/exp/sum, P in
+the storage dtype (``pv``), O = PV (fp32), and merges (m, l, O) into the running state, which lives
+in GM workspace between tiles (``is_loop_begin`` writes it, later tiles read and write it, the
+last tile reads it and writes the output).
+
+Traffic (b = itemsize, R = G*qv rows, n_t = ceil(Skv/kv_tile), state row = (Dv + 2)*4 B)::
+
+    read   per task: Q R*D*b + n_t tiles of K (n*D*b) and V (n*Dv*b) [+ mask R*n*4]
+           + state R*(Dv+2)*4 at tiles 1..n_t-1
+    write  per task: state R*(Dv+2)*4 at tiles 0..n_t-2, output R*Dv*b
+    workspace  B*Hq*Sq*(Dv+2)*4 (0 when n_t = 1)
+
+1 kernel (+2 copy kernels with gqa="expand_clone").
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from .. import inputs
+from ..machine import dtypes
+from ..machine.jit import kernel
+from ..machine.plan import KernelPlan, Plan, reduce_tile
+from ..machine.profile import load_profile
+from ..strategy import Launch, register
+from . import _common as C
+
+
+@kernel
+def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj,
+                   qt, kv_tile, pv_mode, gemm_rows, scratch, ws_m, ws_l, ws_o):
+    B, Hq, Sq, D = q.shape
+    Hkv = k.shape[1]
+    Skv = k.shape[2]
+    Dv = v.shape[3]
+    G = Hq // Hkv
+    nq = (Sq + qt - 1) // qt
+    n_t = (Skv + kv_tile - 1) // kv_tile
+    Rmax = G * min(qt, Sq)
+    Dm = max(D, Dv)
+    b_sz = q.itemsize
+    state_row = (Dv + 2) * 4
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    cube_flops = 0
+    for task in prange(B * Hkv * nq):
+        b = task // (Hkv * nq)
+        rem = task - b * (Hkv * nq)
+        kvh = rem // nq
+        qi = rem - kvh * nq
+        i0 = qi * qt
+        qv = min(qt, Sq - i0)
+        R = G * qv
+        sc = scratch[numba.get_thread_id()]
+        o0 = Rmax * D
+        o1 = o0 + Rmax * kv_tile
+        o2 = o1 + Rmax * kv_tile
+        o3 = o2 + Rmax * kv_tile
+        o4 = o3 + kv_tile * Dm
+        o5 = o4 + Rmax * Dv
+        o6 = o5 + Rmax * Dv
+        o7 = o6 + Rmax
+        qf = sc[0:o0]
+        s = sc[o0:o1]
+        ph = sc[o1:o2]
+        pl = sc[o2:o3]
+        kf = sc[o3:o4]
+        ot = sc[o4:o5]
+        ot2 = sc[o5:o6]
+        mt = sc[o6:o7]
+        lt = sc[o7:o7 + Rmax]
+        ms = ws_m[task]
+        ls = ws_l[task]
+        os = ws_o[task]
+        C.load_q_block(q, b, kvh, G, i0, qv, qf)
+        gm_read += R * D * b_sz
+        use_gemm = R >= gemm_rows
+        for t in range(n_t):
+            j0 = t * kv_tile
+            n = min(kv_tile, Skv - j0)
+            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm)
+            nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+                                  has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
+            C.tile_pv(ph, R, n, v, b, kvh, j0, ot, kf, use_gemm, nmax)
+            if pv_mode == 1:
+                C.tile_pv(pl, R, n, v, b, kvh, j0, ot2, kf, use_gemm, nmax)
+                for i in range(R * Dv):
+                    ot[i] += ot2[i]
+            gm_read += n * D * b_sz + n * Dv * b_sz
+            if has_mask:
+                gm_read += R * n * 4
+            if t == 0:  # is_loop_begin: the tile's state becomes the running state
+                for r in range(R):
+                    ms[r] = mt[r]
+                    ls[r] = lt[r]
+                for i in range(R * Dv):
+                    os[i] = ot[i]
+            else:  # read the state from GM workspace, merge
+                gm_read += R * state_row
+                C.merge_state(ms, ls, os, mt, lt, ot, R, Dv)
+            if t < n_t - 1:  # not is_loop_end: write the state back to GM workspace
+                gm_write += R * state_row
+            vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, pv_mode)
+            cube_flops += C.tile_cube_flops(R, n, D, Dv, pv_mode)
+        C.write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
+        gm_write += R * Dv * b_sz
+        vector_ops += R * Dv * C.FINAL_ELEM_OPS
+        tasks += 1
+    return tasks, gm_read, gm_write, vector_ops, cube_flops
+
+
+def scratch_elems(Rmax, D, Dv, kv_tile):
+    return Rmax * D + 3 * Rmax * kv_tile + kv_tile * max(D, Dv) + 2 * Rmax * Dv + 2 * Rmax
+
+
+def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, kv_tile=None,
+                q_tile=None, pv="storage", causal=False, kv_len=None, has_mask=False,
+                gqa="head_loop") -> Plan:
+    """Plan of :func:`online` (shapes [B, H, S, D]; no data needed; kv_len only shapes nothing here)."""
+    where = "attention.online"
+    prof = load_profile(profile)
+    B, Hq, Sq, D, Hkv, Skv, Dv = C.shapes_of(q_shape, k_shape, v_shape, where)
+    C.check_pv(pv, where)
+    C.check_gqa(gqa, where)
+    expand = C.expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
+    if expand:
+        Hkv = Hq
+    G = Hq // Hkv
+    kv_tile = prof.tile("attention_kv_tile") if kv_tile is None else inputs.positive_int(kv_tile, "kv_tile", where)
+    hint = "use a smaller kv_tile or q_tile"
+    p_dtype = "fp32" if pv == "fp32" else dtype
+
+    def tile_buffers(Rmax):
+        ub = [
+            C.ub_tile("s_ub", Rmax, kv_tile, "fp32", prof),
+            C.ub_tile("p_ub", Rmax, kv_tile, p_dtype, prof),
+            C.ub_tile("o_tile_ub", Rmax, Dv, "fp32", prof),
+            C.ub_tile("o_state_ub", Rmax, Dv, "fp32", prof),
+            C.ub_tile("ml_state_ub", Rmax, 16, "fp32", prof),  # m and l, 8 fp32 (32 B) each
+        ]
+        if pv == "compensated":
+            ub.append(C.ub_tile("p_lo_ub", Rmax, kv_tile, dtype, prof))
+        if has_mask:
+            ub.append(C.ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
+        C.check_ub(where, ub, prof, hint)
+        reduce_tile(ub[0], prof, where, hint)
+        qk = C.cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
+        pv_buf = C.cube_buffers(where, Rmax, kv_tile, Dv, p_dtype, dtype, prof, hint)
+        return tuple(ub) + C.merge_cube(qk, pv_buf)
+
+    if q_tile is None:  # default: attention_q_tile rows, halved until the tile buffers fit
+        qt = min(max(1, prof.tile("attention_q_tile") // G), Sq)
+        buffers = C.fit_q_tile(tile_buffers, G, qt)
+        qt = buffers[0].shape[0] // G
+    else:
+        qt = min(inputs.positive_int(q_tile, "q_tile", where), Sq)
+        buffers = tile_buffers(G * qt)
+    b = dtypes.itemsize(dtype)
+    nq = -(-Sq // qt)
+    n_t = -(-Skv // kv_tile)
+
+    gm_read = gm_write = vector_ops = cube_flops = 0
+    pv_mode = C.PV_CODE[pv]
+    state_row = (Dv + 2) * 4
+    for qi in range(nq):
+        R = G * min(qt, Sq - qi * qt)
+        per_read = R * D * b
+        per_write = R * Dv * b + (n_t - 1) * R * state_row
+        per_read += (n_t - 1) * R * state_row
+        per_vec = R * Dv * C.FINAL_ELEM_OPS
+        per_flops = 0
+        for t in range(n_t):
+            n = min(kv_tile, Skv - t * kv_tile)
+            per_read += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
+            per_vec += C.tile_vector_ops(R, n, Dv, bool(has_mask), pv_mode)
+            per_flops += C.tile_cube_flops(R, n, D, Dv, pv_mode)
+        gm_read += B * Hkv * per_read
+        gm_write += B * Hkv * per_write
+        vector_ops += B * Hkv * per_vec
+        cube_flops += B * Hkv * per_flops
+    workspace = B * Hq * Sq * state_row if n_t > 1 else 0
+    kp = KernelPlan(name="online_softmax", unit="mixed", tasks=B * Hkv * nq, buffers=buffers,
+                    gm_read_bytes=gm_read, gm_write_bytes=gm_write, workspace_bytes=workspace,
+                    cube_flops=cube_flops, vector_ops=vector_ops)
+    return Plan(op="attention", strategy="online", dtype=dtype, profile=prof, kernels=expand + (kp,),
+                params={"kv_tile": kv_tile, "q_tile": qt, "pv": pv, "gqa": gqa}, hint=hint)
+
+
+@register("attention", "online", plan=plan_online,
+          summary="online softmax over KV tiles, state in GM workspace (PyPTO decode)")
+def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
+           kv_tile=None, q_tile=None, pv="storage", profile=None):
+    """Attention by online softmax over ``kv_tile`` KV tiles (see the module docstring).
+
+    ``pv``: "storage" rounds P to the storage dtype before P@V (the NPU), "compensated" adds a
+    second P@V with the rounding residual (summed in fp32), "fp32" keeps P in fp32.
+    """
+    where = "attention.online"
+    a = C.validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
+    p = plan_online(a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, kv_tile=kv_tile,
+                    q_tile=q_tile, pv=pv, causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask,
+                    gqa=a.gqa)
+    kvt, qt = p.params["kv_tile"], p.params["q_tile"]
+    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    with Launch(p, a.shapes) as run:
+        kk, vk = C.run_expand(a, run)
+        Hkv = kk.shape[1]
+        G = a.Hq // Hkv
+        nq = -(-a.Sq // qt)
+        Rmax = G * qt
+        tasks = a.B * Hkv * nq
+        scratch = np.empty((C.thread_count(), scratch_elems(Rmax, a.D, a.Dv, kvt)), np.float32)
+        ws_m = np.empty((tasks, Rmax), np.float32)
+        ws_l = np.empty((tasks, Rmax), np.float32)
+        ws_o = np.empty((tasks, Rmax * a.Dv), np.float32)
+        msb, msh, msi, msj = a.mask_strides
+        with C.kernel_context() as blas:
+            counted = _online_kernel(a.q.kview, kk, vk, out_k, a.kv_len, a.causal, a.scale,
+                                     a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, kvt,
+                                     C.PV_CODE[p.params["pv"]], blas.gemm_rows, scratch,
+                                     ws_m, ws_l, ws_o)
+        run.count(counted, workspace_bytes=p.kernels[-1].workspace_bytes)
+        run.workspace(a.copied_bytes)
+    return out

@@ -1,0 +1,265 @@
+"""attention.standard: whole-row ``matmul -> scale -> softmax -> matmul`` with scores in GM.
+
+Three kernels (b = itemsize, rows = B*Hq*Sq, nq query tiles per (batch, KV head))::
+
+    scores   cube,   tasks B*Hkv: S = Q K^T (fp32) -> GM workspace
+             read Q rows*D*b + K nq*B*Hkv*Skv*D*b (re-read per query tile), write rows*Skv*4
+    softmax  vector, tasks rows (one whole score row in UB): scale, mask, max, exp, sum, divide,
+             P in the storage dtype -> GM workspace
+             read rows*Skv*4 [+ mask rows*Skv*4], write rows*Skv*b
+    pv       cube,   tasks B*Hkv: O = P V (fp32 accumulation), one cast
+             read P rows*Skv*b + V nq*B*Hkv*Skv*Dv*b, write rows*Dv*b
+    workspace  rows*Skv*(4 + b)
+
+The softmax kernel needs a whole score row (plus its exp and P rows) in UB, and a reduction over
+it stays within the 64 KiB reduction tile: long sequences do not fit (``TileError`` pointing to
+``attention.online`` / ``attention.flash``). This is the seed's "FAIL for long decode".
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ..errors import TileError
+from ..machine import dtypes
+from ..machine.jit import kernel
+from ..machine.plan import KernelPlan, Plan
+from ..machine.profile import load_profile
+from ..strategy import Launch, register
+from . import _common as C
+
+ROW_OPS = 7  # per score element: scale, max, sub, exp, sum, divide, cast (+1 with a mask)
+CHUNK = 128  # keys per cube step of the two matmul kernels
+Q_ROWS = 128  # rows of the [G*qt, D] block per cube step (qt = Q_ROWS // G query positions)
+
+
+@kernel
+def _scores_kernel(q, k, s_ws, qt, gemm_rows, scratch):
+    B, Hq, Sq, D = q.shape
+    Hkv = k.shape[1]
+    Skv = k.shape[2]
+    G = Hq // Hkv
+    nq = (Sq + qt - 1) // qt
+    Rmax = G * min(qt, Sq)
+    b_sz = q.itemsize
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    cube_flops = 0
+    for task in prange(B * Hkv):
+        b = task // Hkv
+        kvh = task - b * Hkv
+        sc = scratch[numba.get_thread_id()]
+        o0 = Rmax * D
+        o1 = o0 + Rmax * CHUNK
+        qf = sc[0:o0]
+        s = sc[o0:o1]
+        kf = sc[o1:o1 + CHUNK * D]
+        for qi in range(nq):
+            i0 = qi * qt
+            qv = min(qt, Sq - i0)
+            R = G * qv
+            C.load_q_block(q, b, kvh, G, i0, qv, qf)
+            gm_read += R * D * b_sz
+            for j0 in range(0, Skv, CHUNK):
+                n = min(CHUNK, Skv - j0)
+                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, R >= gemm_rows)
+                for r in range(R):
+                    g = r // qv
+                    ii = r - g * qv
+                    for j in range(n):
+                        s_ws[b, kvh * G + g, i0 + ii, j0 + j] = s[r * n + j]
+                gm_read += n * D * b_sz
+                gm_write += R * n * 4
+                cube_flops += 2 * R * n * D
+        tasks += 1
+    return tasks, gm_read, gm_write, 0, cube_flops
+
+
+@kernel
+def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj):
+    B, Hq, Sq, Skv = s_ws.shape
+    b_sz = p_ws.itemsize
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    for row in prange(B * Hq * Sq):
+        b = row // (Hq * Sq)
+        rem = row - b * (Hq * Sq)
+        h = rem // Sq
+        i = rem - h * Sq
+        c = C.allowed_keys(b, i, Sq, Skv, kv_len, causal)
+        srow = s_ws[b, h, i]
+        prow = p_ws[b, h, i]
+        m = C.NEG_INF
+        mbase = b * msb + h * msh + i * msi
+        for j in range(c):
+            x = srow[j] * scale
+            if has_mask:
+                x += mask[mbase + j * msj]
+            srow[j] = x
+            m = max(m, x)
+        if m == C.NEG_INF:
+            for j in range(Skv):
+                prow[j] = dtypes.narrow(prow, np.float32(0.0))
+        else:
+            total = np.float32(0.0)
+            for j in range(c):
+                e = C.vexp(srow[j] - m)
+                srow[j] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for j in range(c):
+                prow[j] = dtypes.narrow(prow, srow[j] * inv)
+            for j in range(c, Skv):
+                prow[j] = dtypes.narrow(prow, np.float32(0.0))
+        gm_read += Skv * 4
+        if has_mask:
+            gm_read += Skv * 4
+        gm_write += Skv * b_sz
+        vector_ops += Skv * (ROW_OPS + (1 if has_mask else 0))
+        tasks += 1
+    return tasks, gm_read, gm_write, vector_ops, 0
+
+
+@kernel
+def _pv_kernel(p_ws, v, out, qt, gemm_rows, scratch):
+    B, Hq, Sq, Skv = p_ws.shape
+    Hkv = v.shape[1]
+    Dv = v.shape[3]
+    G = Hq // Hkv
+    nq = (Sq + qt - 1) // qt
+    Rmax = G * min(qt, Sq)
+    b_sz = v.itemsize
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    cube_flops = 0
+    for task in prange(B * Hkv):
+        b = task // Hkv
+        kvh = task - b * Hkv
+        sc = scratch[numba.get_thread_id()]
+        o0 = Rmax * CHUNK
+        o1 = o0 + Rmax * Dv
+        o2 = o1 + Rmax * Dv
+        pf = sc[0:o0]
+        ot = sc[o0:o1]
+        acc = sc[o1:o2]
+        vf = sc[o2:o2 + CHUNK * Dv]
+        for qi in range(nq):
+            i0 = qi * qt
+            qv = min(qt, Sq - i0)
+            R = G * qv
+            for i in range(R * Dv):
+                acc[i] = np.float32(0.0)
+            for j0 in range(0, Skv, CHUNK):
+                n = min(CHUNK, Skv - j0)
+                for r in range(R):
+                    g = r // qv
+                    ii = r - g * qv
+                    for j in range(n):
+                        pf[r * n + j] = dtypes.widen(p_ws[b, kvh * G + g, i0 + ii, j0 + j])
+                C.tile_pv(pf, R, n, v, b, kvh, j0, ot, vf, R >= gemm_rows, n)
+                for i in range(R * Dv):
+                    acc[i] += ot[i]  # L0C accumulation across K steps (fp32)
+                gm_read += R * n * b_sz + n * Dv * b_sz
+                cube_flops += 2 * R * n * Dv
+            for r in range(R):
+                g = r // qv
+                ii = r - g * qv
+                for d in range(Dv):
+                    out[b, kvh * G + g, i0 + ii, d] = dtypes.narrow(out, acc[r * Dv + d])
+            gm_write += R * Dv * b_sz
+            vector_ops += R * Dv  # the one cast
+        tasks += 1
+    return tasks, gm_read, gm_write, vector_ops, cube_flops
+
+
+def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, causal=False,
+                  kv_len=None, has_mask=False, gqa="head_loop") -> Plan:
+    """Plan of :func:`standard`; TileError when a whole score row does not fit UB."""
+    where = "attention.standard"
+    prof = load_profile(profile)
+    B, Hq, Sq, D, Hkv, Skv, Dv = C.shapes_of(q_shape, k_shape, v_shape, where)
+    C.check_gqa(gqa, where)
+    expand = C.expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
+    if expand:
+        Hkv = Hq
+    G = Hq // Hkv
+    qt = min(max(1, Q_ROWS // G), Sq)
+    nq = -(-Sq // qt)
+    Rmax = G * qt
+    b = dtypes.itemsize(dtype)
+    rows = B * Hq * Sq
+    hint = "use attention.online or attention.flash (they tile the KV axis)"
+    row_ub = [
+        C.ub_tile("score_row_ub", 1, Skv, "fp32", prof),
+        C.ub_tile("exp_row_ub", 1, Skv, "fp32", prof),
+        C.ub_tile("p_row_ub", 1, Skv, dtype, prof),
+    ]
+    if has_mask:
+        row_ub.append(C.ub_tile("mask_row_ub", 1, Skv, "fp32", prof))
+    need = sum(x.nbytes for x in row_ub)
+    if need > prof.ub_bytes:
+        raise TileError(
+            f"{where}: a score row of Skv={Skv} needs {need} B of UB "
+            f"({' + '.join(str(x) for x in row_ub)}) but {prof.name} has {prof.ub_bytes} B; {hint}"
+        )
+    if row_ub[0].nbytes > prof.reduce_tile_max_bytes:
+        raise TileError(
+            f"{where}: the row max/sum over Skv={Skv} fp32 scores is a {row_ub[0].nbytes} B "
+            f"reduction tile, above the {prof.reduce_tile_max_bytes} B limit of {prof.name}; {hint}"
+        )
+    qk = C.cube_buffers(where, Rmax, D, CHUNK, dtype, dtype, prof, hint)
+    pv = C.cube_buffers(where, Rmax, CHUNK, Dv, dtype, dtype, prof, hint)
+    k1 = KernelPlan(name="scores", unit="cube", tasks=B * Hkv,
+                    buffers=qk + (C.ub_tile("s_out_ub", Rmax, CHUNK, "fp32", prof),),
+                    gm_read_bytes=rows * D * b + nq * B * Hkv * Skv * D * b,
+                    gm_write_bytes=rows * Skv * 4, workspace_bytes=rows * Skv * 4,
+                    cube_flops=2 * rows * Skv * D)
+    k2 = KernelPlan(name="softmax", unit="vector", tasks=rows, buffers=tuple(row_ub),
+                    gm_read_bytes=rows * Skv * 4 * (2 if has_mask else 1),
+                    gm_write_bytes=rows * Skv * b, workspace_bytes=rows * Skv * b,
+                    vector_ops=rows * Skv * (ROW_OPS + (1 if has_mask else 0)))
+    k3 = KernelPlan(name="pv", unit="cube", tasks=B * Hkv,
+                    buffers=pv + (C.ub_tile("o_ub", Rmax, Dv, "fp32", prof),),
+                    gm_read_bytes=rows * Skv * b + nq * B * Hkv * Skv * Dv * b,
+                    gm_write_bytes=rows * Dv * b, cube_flops=2 * rows * Skv * Dv,
+                    vector_ops=rows * Dv)
+    return Plan(op="attention", strategy="standard", dtype=dtype, profile=prof,
+                kernels=expand + (k1, k2, k3), params={"q_tile": qt, "gqa": gqa}, hint=hint)
+
+
+@register("attention", "standard", plan=plan_standard,
+          summary="whole-row softmax, scores and P in GM workspace (3 kernels)")
+def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", profile=None):
+    """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V."""
+    where = "attention.standard"
+    a = C.validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
+    p = plan_standard(a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, causal=a.causal,
+                      kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa)
+    qt = p.params["q_tile"]
+    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    with Launch(p, a.shapes) as run:
+        kk, vk = C.run_expand(a, run)
+        G = a.Hq // kk.shape[1]
+        Rmax = G * qt
+        s_ws = np.empty((a.B, a.Hq, a.Sq, a.Skv), np.float32)
+        _, p_ws = dtypes.empty((a.B, a.Hq, a.Sq, a.Skv), a.dtype)
+        nth = C.thread_count()
+        sc1 = np.empty((nth, Rmax * a.D + Rmax * CHUNK + CHUNK * a.D), np.float32)
+        with C.kernel_context() as blas:
+            run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, blas.gemm_rows, sc1),
+                      workspace_bytes=s_ws.nbytes)
+        msb, msh, msi, msj = a.mask_strides
+        run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.scale, a.has_mask,
+                                  a.mask_flat, msb, msh, msi, msj), workspace_bytes=p_ws.nbytes)
+        sc3 = np.empty((nth, Rmax * CHUNK + 2 * Rmax * a.Dv + CHUNK * a.Dv), np.float32)
+        with C.kernel_context() as blas:
+            run.count(_pv_kernel(p_ws, vk, out_k, qt, blas.gemm_rows, sc3))
+        run.workspace(a.copied_bytes)
+    return out

@@ -1,0 +1,102 @@
+"""repeat_kv: materialise the GQA head expansion (HF ``repeat_kv``) as a copy kernel.
+
+Math: ``kv[B, Hkv, S, D] -> out[B, Hkv*n_rep, S, D]``, ``out[:, h] = kv[:, h // n_rep]``.
+
+Strategy (b = itemsize)::
+
+    repeat_kv.expand_clone   1 vector kernel, tasks B*Hkv*n_rep, GM read B*Hkv*n_rep*S*D*b
+                             (each output head reads its source head), GM write the same;
+                             the output is new GM memory (workspace when attention uses it)
+
+The alternative that copies nothing is ``attention.*(gqa="head_loop")``: each KV head is loaded
+once per tile and reused by its G query heads. At decode (S = 1 per step but the cache is long)
+the copy costs ``n_rep`` times the KV cache in GM traffic per call; the attention module counts it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from . import inputs
+from .errors import ConstraintError
+from .machine import dtypes
+from .machine.jit import kernel
+from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
+from .machine.profile import load_profile
+from .strategy import Launch, register
+
+# one UB staging tile of the copy: 32 KiB (estimate: 2 such buffers double-buffered stay far
+# below the 192 KiB UB; the copy is GM-bound, larger tiles buy nothing)
+_TILE_BYTES = 32768
+
+
+@kernel
+def _expand_kernel(kv, out, n_rep):
+    B, Hkv, S, D = kv.shape
+    itemsize = kv.itemsize
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    for task in prange(B * Hkv * n_rep):
+        b = task // (Hkv * n_rep)
+        h = task - b * (Hkv * n_rep)
+        src = h // n_rep
+        for s in range(S):
+            for d in range(D):
+                out[b, h, s, d] = kv[b, src, s, d]
+        tasks += 1
+        gm_read += S * D * itemsize
+        gm_write += S * D * itemsize
+    return tasks, gm_read, gm_write, 0, 0
+
+
+def expand_kernel_plan(shape, n_rep: int, dtype: str, prof, name: str = "expand_clone") -> KernelPlan:
+    """The KernelPlan of one expand_clone launch (also used by attention's gqa="expand_clone")."""
+    B, Hkv, S, D = (int(x) for x in shape)
+    b = dtypes.itemsize(dtype)
+    cols = align_elems(D, dtype, prof)
+    rows = max(1, min(S, _TILE_BYTES // (cols * b)))
+    buf = vector_tile("kv_ub", (rows, cols), dtype, prof, "repeat_kv.expand_clone")
+    nbytes = B * Hkv * n_rep * S * D * b
+    return KernelPlan(
+        name=name,
+        unit="vector",
+        tasks=B * Hkv * n_rep,
+        buffers=(buf,),
+        gm_read_bytes=nbytes,
+        gm_write_bytes=nbytes,
+        workspace_bytes=nbytes,
+    )
+
+
+def plan_expand_clone(shape, n_rep, dtype="fp32", *, profile=None) -> Plan:
+    """Plan of :func:`expand_clone` for ``kv`` of ``shape`` [B, Hkv, S, D] (no data needed)."""
+    prof = load_profile(profile)
+    n_rep = inputs.positive_int(n_rep, "n_rep", "repeat_kv.expand_clone", error=ConstraintError)
+    k = expand_kernel_plan(shape, n_rep, dtype, prof)
+    # the public function returns the copy: it is the result, not workspace
+    k = KernelPlan(k.name, k.unit, k.tasks, k.buffers, k.gm_read_bytes, k.gm_write_bytes, 0)
+    return Plan(op="repeat_kv", strategy="expand_clone", dtype=dtype, profile=prof, kernels=(k,),
+                params={"n_rep": n_rep})
+
+
+def run_expand(kv_kview, n_rep, out_kview):
+    """Run the copy kernel (kernel views); returns its counters."""
+    return _expand_kernel(kv_kview, out_kview, np.int64(n_rep))
+
+
+@register("repeat_kv", "expand_clone", plan=plan_expand_clone,
+          summary="materialise [B, Hkv*n_rep, S, D] with a copy kernel")
+def expand_clone(kv, n_rep, *, profile=None):
+    """HF ``repeat_kv``: ``[B, Hkv, S, D] -> [B, Hkv*n_rep, S, D]``, head h is input head h // n_rep."""
+    where = "repeat_kv.expand_clone"
+    t = inputs.tensor(kv, "kv", where, min_rank=4, max_rank=4)
+    p = plan_expand_clone(t.shape, n_rep, t.dtype, profile=profile)
+    n_rep = p.params["n_rep"]
+    B, Hkv, S, D = t.shape
+    out, out_k = dtypes.empty((B, Hkv * n_rep, S, D), t.dtype)
+    with Launch(p, [t.shape]) as run:
+        run.count(run_expand(t.kview, n_rep, out_k))
+        run.workspace(t.copied_bytes)
+    return out
