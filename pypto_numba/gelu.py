@@ -27,19 +27,22 @@ from __future__ import annotations
 import math as _math
 
 import numpy as np
+import numba
 from numba import prange
 
 from . import inputs
 from .errors import ConstraintError
 from .machine import dtypes, vmath
-from .machine.jit import kernel
-from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
+from .machine import tile as tile_mod
+from .machine.jit import device, kernel
+from .machine.plan import KernelPlan, Plan, vector_tile
 from .machine.profile import load_profile
 from .strategy import Launch, register
 
 SQRT_2_OVER_PI = _math.sqrt(2.0 / _math.pi)
 INV_SQRT2 = 1.0 / _math.sqrt(2.0)
 CUBIC = 0.044715
+NEG_INF = -np.inf  # GELU(-inf) = 0 (the limit); the formula alone gives -inf * 0 = nan
 
 # vector element-ops per element: tanh: x*x, *x, *0.044715, +x, *sqrt(2/pi), tanh, +1, *x, *0.5
 # erf: *1/sqrt(2), erf, +1, *x, *0.5; each 16-bit storage dtype adds a cast in and a cast out
@@ -50,10 +53,67 @@ MATHS = ("fp32", "storage")
 
 # ---------------------------------------------------------------------------------------------
 # kernels: one prange iteration = one UB tile (a pypto.loop iteration on an AI vector core)
+#
+# Each tile is computed from x (widened to fp32) either straight into the GM output or, for outputs
+# too large to stay in cache, into the task's UB staging tile and then copied out with streaming
+# stores (machine/tile.py: that skips the read-for-ownership of plain stores). Offsets are uint64:
+# signed offsets keep numba's negative-index check, which stops the loops from vectorising.
+
+VARIANT = {"tanh": 0, "erf": 1}
+
+
+@device(forceinline=True)
+def _tile_tanh(x, x_off, dst, d_off, n):
+    c_tanh = np.float32(SQRT_2_OVER_PI)
+    c_cubic = np.float32(CUBIC)
+    for i in range(n):
+        v = dtypes.widen(x[x_off + i])
+        inner = c_tanh * (v + c_cubic * (v * v * v))
+        y = np.float32(0.5) * v * (np.float32(1.0) + vmath.tanh(inner))
+        dst[d_off + i] = dtypes.narrow(dst, np.float32(0.0) if v == NEG_INF else y)
+
+
+@device(forceinline=True)
+def _tile_erf(x, x_off, dst, d_off, n):
+    c_erf = np.float32(INV_SQRT2)
+    for i in range(n):
+        v = dtypes.widen(x[x_off + i])
+        y = np.float32(0.5) * v * (np.float32(1.0) + vmath.erf(v * c_erf))
+        dst[d_off + i] = dtypes.narrow(dst, np.float32(0.0) if v == NEG_INF else y)
+
+
+@device
+def _tile_storage_math(x, x_off, dst, d_off, n, use_erf):
+    """Every intermediate rounded to x's storage dtype (a kernel written in the input dtype)."""
+    for i in range(n):
+        v = dtypes.widen(x[x_off + i])
+        if use_erf:
+            u = dtypes.round_as(x, v * np.float32(INV_SQRT2))
+            u = dtypes.round_as(x, vmath.erf(u))
+        else:
+            u = dtypes.round_as(x, v * v)
+            u = dtypes.round_as(x, u * v)
+            u = dtypes.round_as(x, u * np.float32(CUBIC))
+            u = dtypes.round_as(x, u + v)
+            u = dtypes.round_as(x, u * np.float32(SQRT_2_OVER_PI))
+            u = dtypes.round_as(x, vmath.tanh(u))
+        u = dtypes.round_as(x, u + np.float32(1.0))
+        u = dtypes.round_as(x, u * v)
+        dst[d_off + i] = dtypes.narrow(dst, np.float32(0.0) if v == NEG_INF else u * np.float32(0.5))
+
+
+@device(forceinline=True)
+def _tile(x, x_off, dst, d_off, n, variant, storage_math):
+    if storage_math:
+        _tile_storage_math(x, x_off, dst, d_off, n, variant == 1)
+    elif variant == 1:
+        _tile_erf(x, x_off, dst, d_off, n)
+    else:
+        _tile_tanh(x, x_off, dst, d_off, n)
 
 
 @kernel
-def _gelu_kernel(x, out, tile, use_erf, storage_math, ops_per_elem):
+def _gelu_kernel(x, out, tile, variant, storage_math, ops_per_elem, stream, staging):
     n = x.size
     n_tiles = (n + tile - 1) // tile
     itemsize = x.itemsize
@@ -61,39 +121,17 @@ def _gelu_kernel(x, out, tile, use_erf, storage_math, ops_per_elem):
     gm_read = 0
     gm_write = 0
     vector_ops = 0
-    c_tanh = np.float32(SQRT_2_OVER_PI)
-    c_cubic = np.float32(CUBIC)
-    c_erf = np.float32(INV_SQRT2)
-    half = np.float32(0.5)
-    one = np.float32(1.0)
+    zero = np.uint64(0)
     for t in prange(n_tiles):
-        start = t * tile
-        valid = min(tile, n - start)  # valid shape of the tail tile
-        if storage_math:
-            for i in range(start, start + valid):
-                v = dtypes.widen(x[i])
-                if use_erf:
-                    u = dtypes.round_as(x, v * c_erf)
-                    u = dtypes.round_as(x, vmath.erf(u))
-                else:
-                    u = dtypes.round_as(x, v * v)
-                    u = dtypes.round_as(x, u * v)
-                    u = dtypes.round_as(x, u * c_cubic)
-                    u = dtypes.round_as(x, u + v)
-                    u = dtypes.round_as(x, u * c_tanh)
-                    u = dtypes.round_as(x, vmath.tanh(u))
-                u = dtypes.round_as(x, u + one)
-                u = dtypes.round_as(x, u * v)
-                out[i] = dtypes.narrow(out, u * half)
-        elif use_erf:
-            for i in range(start, start + valid):
-                v = dtypes.widen(x[i])
-                out[i] = dtypes.narrow(out, half * v * (one + vmath.erf(v * c_erf)))
+        start = np.uint64(t * tile)
+        valid = np.uint64(min(tile, n - t * tile))  # valid shape of the tail tile
+        if stream:
+            y_ub = staging[numba.get_thread_id()]
+            _tile(x, start, y_ub, zero, valid, variant, storage_math)
+            tile_mod.copy_out(out[start:start + valid], y_ub, valid, True)
+            tile_mod.store_fence()
         else:
-            for i in range(start, start + valid):
-                v = dtypes.widen(x[i])
-                inner = c_tanh * (v + c_cubic * (v * v * v))
-                out[i] = dtypes.narrow(out, half * v * (one + vmath.tanh(inner)))
+            _tile(x, start, out, start, valid, variant, storage_math)
         tasks += 1
         gm_read += valid * itemsize
         gm_write += valid * itemsize
@@ -153,17 +191,14 @@ def _run(variant: str, x, profile, tile, math):
     where = f"gelu.{variant}"
     xt = inputs.tensor(x, "x", where)
     p = _plan(variant, xt.shape, xt.dtype, profile, tile, math)
-    out, out_k = dtypes.empty(xt.shape, xt.dtype)
+    out, out_k = tile_mod.aligned_empty(xt.shape, xt.dtype)
+    stream = tile_mod.streamable(out_k)
+    tile_elems = p.params["tile"]
+    staging = tile_mod.scratch(tile_elems if stream else 1, out_k.dtype)
     with Launch(p, [xt.shape]) as run:
         run.count(
-            _gelu_kernel(
-                xt.kview.reshape(-1),
-                out_k.reshape(-1),
-                p.params["tile"],
-                variant == "erf",
-                p.params["math"] == "storage",
-                p.params["ops_per_elem"],
-            )
+            _gelu_kernel(xt.kview.reshape(-1), out_k.reshape(-1), tile_elems, VARIANT[variant],
+                         p.params["math"] == "storage", p.params["ops_per_elem"], stream, staging)
         )
         run.workspace(xt.copied_bytes)
     return out

@@ -21,13 +21,17 @@ def f64(x) -> np.ndarray:
 def gelu_tanh(x) -> np.ndarray:
     """``0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))``."""
     x = f64(x)
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    return np.where(x == -np.inf, 0.0, y)  # the limit at -inf
 
 
 def gelu_erf(x) -> np.ndarray:
     """``0.5*x*(1 + erf(x/sqrt(2)))`` (exact GELU)."""
     x = f64(x)
-    return 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))
+    with np.errstate(invalid="ignore"):
+        y = 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))
+    return np.where(x == -np.inf, 0.0, y)  # the limit at -inf
 
 
 # --- mean -------------------------------------------------------------------------------------
