@@ -18,7 +18,7 @@ from .machine.profile import HardwareProfile, active_profile, load_profile, prof
 from .strategy import SEED, strategies, trace
 from .compare import compare
 
-from . import attention, gelu, moe, repeat_kv, rope  # noqa: E402  (op modules register their strategies on import)
+from . import attention, embedding, gelu, linear, moe, repeat_kv, rope  # noqa: E402  (op modules register their strategies on import)
 
 __version__ = "0.1.0"
 
@@ -36,7 +36,9 @@ __all__ = [
     "active_profile",
     "attention",
     "compare",
+    "embedding",
     "gelu",
+    "linear",
     "load_profile",
     "mean",
     "moe",

@@ -1,0 +1,98 @@
+"""Embedding benchmarks: embedding.gather / index_select, weight[151936, 2048], ids[8, 2048].
+
+The issue's targets (2 threads, bf16 weight): >= 0.8x copy bandwidth on the output bytes and not
+slower than ``torch.nn.functional.embedding``.
+
+- ``time_embedding``: one call (kernel warmed up in setup()); a fresh 64 MB result per call.
+- ``track_gm_bytes``: the plan's modelled GM traffic (read + write; deterministic).
+- ``track_vs_copy``: copy time / gather time, alternating runs; the peer copies the output's
+  bytes (reads and writes out.nbytes: the bytes gather moves, bar the ids). Fresh result per call.
+- ``track_vs_copy_out``: the same with a reused ``out=`` array (no page faults of a fresh result,
+  as the copy peer reuses its destination).
+- ``track_vs_torch``: torch.nn.functional.embedding time / gather time (> 1: we are faster).
+
+Only 16-bit weights at full size (622 MB); fp32 would need 1.2 GB on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from pypto_numba import embedding
+
+from ._common import copy_peer, median_ratio, to_torch, torch_or_none
+
+V, H = 151936, 2048
+IDS = (8, 2048)
+NP = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}
+
+
+def _data(dtype, ids_dtype="int64"):
+    rng = np.random.default_rng(0)
+    # random finite 16-bit values, cheap to make: small integers exactly representable
+    w = rng.integers(-1000, 1000, size=(V, H), dtype=np.int16).astype(NP[dtype])
+    ids = rng.integers(0, V, size=IDS).astype(ids_dtype)
+    return w, ids
+
+
+class EmbeddingTime:
+    params = (["gather", "index_select"], ["bf16", "fp16"], ["int32", "int64"])
+    param_names = ["strategy", "dtype", "ids_dtype"]
+    timeout = 600
+    number = 1
+    repeat = (3, 10, 30.0)
+
+    def setup(self, strategy, dtype, ids_dtype):
+        self.w, self.ids = _data(dtype, ids_dtype)
+        self.fn = getattr(embedding, strategy)
+        self.fn(self.w, self.ids)
+
+    def time_embedding(self, strategy, dtype, ids_dtype):
+        self.fn(self.w, self.ids)
+
+
+class EmbeddingBytes:
+    params = (["gather", "index_select"], ["bf16", "fp16"], ["int32", "int64"])
+    param_names = ["strategy", "dtype", "ids_dtype"]
+
+    def track_gm_bytes(self, strategy, dtype, ids_dtype):
+        return getattr(embedding, f"plan_{strategy}")((V, H), IDS, dtype, ids_dtype).cost.gm_bytes
+
+    track_gm_bytes.unit = "bytes"
+
+
+class EmbeddingTrack:
+    params = (["bf16"],)
+    param_names = ["dtype"]
+    timeout = 900
+    repeat = 1
+    number = 1
+
+    def setup(self, dtype):
+        self.w, self.ids = _data(dtype)
+        self.out = np.empty(IDS + (H,), self.w.dtype)
+        self.ours = lambda: embedding.gather(self.w, self.ids)
+        self.ours_out = lambda: embedding.gather(self.w, self.ids, out=self.out)
+        self.ours()
+        self.ours_out()
+        self.copy = copy_peer(self.out.nbytes)
+        self.torch = torch_or_none()
+        if self.torch is not None:
+            tw = to_torch(self.torch, self.w)
+            ti = self.torch.from_numpy(self.ids)
+            f = self.torch.nn.functional.embedding
+            self.peer = lambda: f(ti, tw)
+
+    def track_vs_copy(self, dtype):
+        return median_ratio(self.ours, self.copy, 9)
+
+    def track_vs_copy_out(self, dtype):
+        return median_ratio(self.ours_out, self.copy, 9)
+
+    def track_vs_torch(self, dtype):
+        if self.torch is None:
+            return math.nan
+        return median_ratio(self.ours, self.peer, 9)

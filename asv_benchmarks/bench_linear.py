@@ -1,0 +1,144 @@
+"""Linear benchmarks: linear.fused_bias / linear.matmul_add, K = N = 4096, M in {1, 8, 2048}.
+
+The issue's targets (2 threads): fp32 M=2048, K=N=4096: ``fused_bias`` >= 0.9x NumPy
+``x @ w.T + b``; decode M in {1, 8}: weight bytes streamed at >= 0.7x copy bandwidth; bf16
+weights: the ratio to ``torch.nn.functional.linear`` on bf16 is reported.
+
+- ``time_linear``: one call (kernels warmed up in setup()).
+- ``track_gm_bytes``: the plan's modelled GM traffic (read + write; deterministic).
+- ``track_vs_numpy`` (fp32, M=2048): NumPy time / fused_bias time, alternating runs in the same
+  process (> 1: we are faster). NumPy's BLAS uses its own threads; ours runs one BLAS thread per
+  tile task (see pypto_numba.machine.cube).
+- ``track_decode_vs_copy`` (M in {1, 8}): the weight is the traffic that matters at decode, so
+  the peer is a numba prange copy that moves the weight's bytes in total (reads w.nbytes/2,
+  writes w.nbytes/2): 1.0 = weight streamed at copy bandwidth.
+- ``track_vs_torch``: torch.nn.functional.linear time / fused_bias time, same dtype and threads
+  (NaN when torch is not installed).
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from pypto_numba import linear
+
+from ._common import copy_peer, median_ratio, to_torch, torch_or_none
+
+K = N = 4096
+NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
+DTYPES = ["fp32", "bf16", "fp16"]
+MS = [1, 8, 2048]
+
+
+def _data(m, dtype):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((m, K), dtype=np.float32).astype(NP[dtype])
+    w = (rng.standard_normal((N, K), dtype=np.float32) * (1.0 / 64)).astype(NP[dtype])
+    b = rng.standard_normal(N, dtype=np.float32).astype(NP[dtype])
+    return x, w, b
+
+
+class LinearTime:
+    params = (["fused_bias", "matmul_add"], DTYPES, MS)
+    param_names = ["strategy", "dtype", "m"]
+    timeout = 600
+    number = 1
+    repeat = (3, 10, 30.0)
+
+    def setup(self, strategy, dtype, m):
+        self.x, self.w, self.b = _data(m, dtype)
+        self.fn = getattr(linear, strategy)
+        self.fn(self.x, self.w, self.b)  # compile / load from cache outside the timing
+
+    def time_linear(self, strategy, dtype, m):
+        self.fn(self.x, self.w, self.b)
+
+
+class LinearBytes:
+    params = (["fused_bias", "matmul_add"], DTYPES, MS)
+    param_names = ["strategy", "dtype", "m"]
+
+    def track_gm_bytes(self, strategy, dtype, m):
+        return getattr(linear, f"plan_{strategy}")((m, K), (N, K), dtype).cost.gm_bytes
+
+    track_gm_bytes.unit = "bytes"
+
+
+# cube tiles for the fp32 prefill comparison: the profile default (npu-facts 4.3: 128/256 L1
+# blocks), the gym baseline 128s, and 512-wide L1 blocks (legal for the budget rules, with 16
+# L0C tiles per block; faster on the CPU because each task is one bigger BLAS call)
+TILES = {
+    "default": None,
+    "gym128": ((128, 128), (128, 512), (128, 128)),
+    "l1_512": ((128, 512), (32, 128), (128, 512)),
+}
+
+
+class LinearVsNumpy:
+    """fp32 M=2048: fused_bias vs NumPy ``x @ w.T + b`` (target >= 0.9)."""
+
+    params = (list(TILES),)
+    param_names = ["tiles"]
+    timeout = 900
+    repeat = 1
+    number = 1
+
+    def setup(self, tiles):
+        self.x, self.w, self.b = _data(2048, "fp32")
+        t = TILES[tiles]
+        self.ours = lambda: linear.fused_bias(self.x, self.w, self.b, t)
+        self.ours()
+
+    def track_vs_numpy(self, tiles):
+        return median_ratio(self.ours, lambda: self.x @ self.w.T + self.b, 5)
+
+
+class LinearDecode:
+    """Decode shapes: weight bytes streamed vs copy bandwidth (target >= 0.7) and vs torch."""
+
+    params = (DTYPES, [1, 8])
+    param_names = ["dtype", "m"]
+    timeout = 600
+    repeat = 1
+    number = 1
+
+    def setup(self, dtype, m):
+        self.x, self.w, self.b = _data(m, dtype)
+        self.ours = lambda: linear.fused_bias(self.x, self.w, self.b)
+        self.ours()
+
+    def track_decode_vs_copy(self, dtype, m):
+        return median_ratio(self.ours, copy_peer(self.w.nbytes // 2), 15)
+
+    def track_decode_weight_gbps(self, dtype, m):
+        from ._common import median_seconds
+
+        return self.w.nbytes / median_seconds(self.ours, 15) / 1e9
+
+    track_decode_weight_gbps.unit = "GB/s"
+
+
+class LinearVsTorch:
+    params = (DTYPES, MS)
+    param_names = ["dtype", "m"]
+    timeout = 900
+    repeat = 1
+    number = 1
+
+    def setup(self, dtype, m):
+        self.x, self.w, self.b = _data(m, dtype)
+        self.ours = lambda: linear.fused_bias(self.x, self.w, self.b)
+        self.ours()
+        self.torch = torch_or_none()
+        if self.torch is not None:
+            tx, tw, tb = (to_torch(self.torch, a) for a in (self.x, self.w, self.b))
+            f = self.torch.nn.functional.linear
+            self.peer = lambda: f(tx, tw, tb)
+
+    def track_vs_torch(self, dtype, m):
+        if self.torch is None:
+            return math.nan
+        return median_ratio(self.ours, self.peer, 5 if m > 8 else 15)

@@ -1,0 +1,233 @@
+"""Linear layer: ``y = x @ weight^T + bias``, with the bias added after or inside the cube.
+
+Math and shapes: ``x[..., K]``, ``weight[N, K]`` (the ``torch.nn.functional.linear`` layout,
+``b_trans=True``), ``bias[N]`` or None -> ``y[..., N]``; one storage dtype (fp32, bf16, fp16)
+for all three; products accumulated in fp32 (the L0C accumulator, npu-facts 4.4). With
+``M = prod(x.shape[:-1])``, ``b`` = itemsize, and the cube walk of
+:mod:`pypto_numba.machine.cube` with tiles ``((mL0, mL1), (kL0, kL1), (nL0, nL1))``
+(``tm = ceil(M/mL1)``, ``tn = ceil(N/nL1)``)::
+
+    walk reads  R = M*K*b*tn + N*K*b*tm           (x and weight, GM -> L1)
+
+Strategies (npu-facts 1.2 "Linear (+bias)")::
+
+    linear.matmul_add  2 kernels: cube  y0 = round(x @ w^T)        read R,          write M*N*b
+                                  vector y = round(y0 + bias)      read M*N*b + tm*N*b, write M*N*b
+                       (the vector kernel's tasks are the cube's [mL1, nL1] blocks: the bias tile
+                       stays in UB per task, rows stream through UB in sub-tiles)
+                       two roundings; y0 is a GM intermediate (workspace M*N*b)
+    linear.fused_bias  1 kernel:  cube  y = round(x @ w^T + bias)  read R + tm*N*b, write M*N*b
+                       bias added to the fp32 accumulator in the epilogue (bias table, BT);
+                       one rounding
+
+So the counted Cost of ``fused_bias`` has exactly one kernel, one GM write and one GM read of
+the output (``M*N*b`` each) and the ``M*N*b`` workspace fewer than ``matmul_add`` (the vector
+kernel walks the same [mL1, nL1] blocks as the cube, so both read the bias ``tm`` times), and it
+is never less precise: it rounds once. With ``bias=None`` both are the single cube kernel.
+
+Default tiles: the profile's ``linear_cube_tiles``, or ``linear_decode_cube_tiles`` when
+``M < 16`` (decode: one 16-row fractal, so L1/L0A/L0C hold no dead rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from numba import prange
+
+from . import inputs
+from .errors import DTypeError, ShapeError
+from .machine import cube, dtypes
+from .machine.jit import kernel
+from .machine.plan import KernelPlan, Plan, vector_tile
+from .machine.profile import ProfileError, load_profile
+from .strategy import Launch, register
+
+CAST_OPS = 2  # widen in + narrow out per element for bf16/fp16 (as in gelu)
+
+
+# ---------------------------------------------------------------------------------------------
+# the vector kernel of matmul_add: one prange iteration = one [mL1, nL1] block of the product
+
+
+@kernel(boundscheck=False)
+def _bias_add_kernel(prod, bias, out, m1, n1, ops_per_elem):
+    M, N = prod.shape
+    tm = (M + m1 - 1) // m1
+    tn = (N + n1 - 1) // n1
+    item = prod.itemsize
+    prod_flat = prod.reshape(-1)
+    out_flat = out.reshape(-1)
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    for t in prange(tm * tn):
+        mb = (t // tn) * m1
+        nb = (t % tn) * n1
+        vm = min(m1, M - mb)
+        vn = min(n1, N - nb)
+        ob = np.uint64(nb)
+        for i in range(mb, mb + vm):
+            # flat views, uint64 indices: no negative-index wraparound, so the row vectorises
+            row = np.uint64(i) * np.uint64(N) + ob
+            for j in range(np.uint64(vn)):
+                out_flat[row + j] = dtypes.narrow(out, dtypes.widen(prod_flat[row + j]) + dtypes.widen(bias[ob + j]))
+        tasks += 1
+        gm_read += vm * vn * item + vn * item  # product tile + bias tile
+        gm_write += vm * vn * item
+        vector_ops += vm * vn * ops_per_elem
+    return tasks, gm_read, gm_write, vector_ops, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# plans
+
+
+DECODE_M = 16  # fewer rows than one cube fractal: decode-shaped tiles
+
+
+def _default_tiles(prof, m: int):
+    if m < DECODE_M:
+        try:
+            return prof.tile("linear_decode_cube_tiles")
+        except ProfileError:
+            pass
+    return prof.tile("linear_cube_tiles")
+
+
+def _dims(x_shape, weight_shape, where: str):
+    x_shape = tuple(int(d) for d in x_shape)
+    weight_shape = tuple(int(d) for d in weight_shape)
+    if len(x_shape) < 1 or len(weight_shape) != 2:
+        raise ShapeError(f"{where}: need x[..., K] and weight[N, K], got {x_shape} and {weight_shape}")
+    k = x_shape[-1]
+    n, kw = weight_shape
+    if kw != k:
+        raise ShapeError(
+            f"{where}: x has K = {k} (last dim of {x_shape}) but weight {weight_shape} has K = {kw}; "
+            f"weight must be [N, K] (torch.nn.functional.linear layout; transpose a [K, N] weight)"
+        )
+    return math.prod(x_shape[:-1]), k, n
+
+
+def _plan(strategy, x_shape, weight_shape, dtype, bias, profile, cube_tiles) -> Plan:
+    prof = load_profile(profile)
+    where = f"linear.{strategy}"
+    if dtypes.storage_name(dtype) is None:
+        raise DTypeError(f"{where}: dtype must be one of fp32, bf16, fp16 (or their numpy dtypes), got {dtype!r}")
+    dtype = dtypes.storage_name(dtype)
+    m, k, n = _dims(x_shape, weight_shape, where)
+    tiles = _default_tiles(prof, m) if cube_tiles is None else cube_tiles
+    fused = strategy == "fused_bias" and bias
+    walk = cube.plan_walk(m, k, n, tiles, dtype, bias_dtype=dtype if fused else None,
+                          profile=prof, where=where)
+    b = dtypes.itemsize(dtype)
+    kernels = []
+    if strategy == "matmul_add" and bias:
+        kernels.append(dataclasses.replace(walk.kernel_plan("linear_cube"), workspace_bytes=m * n * b))
+        (_, m1), _, (_, n1) = walk.tiles
+        hint = "use smaller cube_tiles nL1 (the bias kernel walks the cube's [mL1, nL1] blocks)"
+        ops = 1 + (CAST_OPS if dtype != "fp32" else 0)
+        # one task per cube block; the bias tile stays in UB for the task, and the block's rows
+        # go through UB in sub-tiles of ``rows`` rows (product in, sum out, fp32 work for 16-bit)
+        per_row = n1 * (2 * b + (4 if dtype != "fp32" else 0))
+        rows = max(1, min(m1, (prof.ub_bytes - n1 * b) // per_row))
+        rows = rows // 8 * 8 if rows >= 8 else rows
+        buffers = [
+            vector_tile("prod_ub", (rows, n1), dtype, prof, where, hint),
+            vector_tile("bias_ub", (1, n1), dtype, prof, where, hint),
+            vector_tile("y_ub", (rows, n1), dtype, prof, where, hint),
+        ]
+        if dtype != "fp32":
+            buffers.append(vector_tile("acc_ub", (rows, n1), "fp32", prof, where, hint))
+        kernels.append(KernelPlan(
+            name="linear_bias_add",
+            unit="vector",
+            tasks=walk.tasks,
+            buffers=tuple(buffers),
+            gm_read_bytes=m * n * b + -(-m // m1) * n * b,
+            gm_write_bytes=m * n * b,
+            vector_ops=m * n * ops,
+        ))
+        params = dict(walk.params, ops_per_elem=ops, bias_rows=rows)
+        return Plan(op="linear", strategy=strategy, dtype=dtype, profile=prof, kernels=tuple(kernels),
+                    params=params, hint=hint)
+    kernels.append(walk.kernel_plan("linear_cube_bias" if fused else "linear_cube"))
+    return Plan(op="linear", strategy=strategy, dtype=dtype, profile=prof, kernels=tuple(kernels),
+                params=dict(walk.params), hint="use smaller cube_tiles")
+
+
+def plan_matmul_add(x_shape, weight_shape, dtype="fp32", *, bias=True, profile=None, cube_tiles=None) -> Plan:
+    """Plan of :func:`matmul_add` for ``x[..., K]`` and ``weight[N, K]`` (no data needed)."""
+    return _plan("matmul_add", x_shape, weight_shape, dtype, bias, profile, cube_tiles)
+
+
+def plan_fused_bias(x_shape, weight_shape, dtype="fp32", *, bias=True, profile=None, cube_tiles=None) -> Plan:
+    """Plan of :func:`fused_bias` for ``x[..., K]`` and ``weight[N, K]`` (no data needed)."""
+    return _plan("fused_bias", x_shape, weight_shape, dtype, bias, profile, cube_tiles)
+
+
+# ---------------------------------------------------------------------------------------------
+# public strategies
+
+
+def _inputs(where, x, weight, bias):
+    xt = inputs.tensor(x, "x", where, min_rank=1)
+    wt = inputs.tensor(weight, "weight", where, min_rank=2, max_rank=2)
+    named = {"x": xt, "weight": wt}
+    bt = None
+    if bias is not None:
+        bt = inputs.tensor(bias, "bias", where, min_rank=1, max_rank=1)
+        named["bias"] = bt
+    dtype = inputs.same_dtype(where, **named)
+    _dims(xt.shape, wt.shape, where)
+    if bt is not None and bt.shape[0] != wt.shape[0]:
+        raise ShapeError(
+            f"{where}: bias has shape {bt.shape} but weight {wt.shape} has N = {wt.shape[0]}; "
+            f"bias must be [N]"
+        )
+    return xt, wt, bt, dtype
+
+
+def _run(strategy, x, weight, bias, profile, cube_tiles):
+    where = f"linear.{strategy}"
+    xt, wt, bt, dtype = _inputs(where, x, weight, bias)
+    p = _plan(strategy, xt.shape, wt.shape, dtype, bt is not None, profile, cube_tiles)
+    k = xt.shape[-1]
+    n = wt.shape[0]
+    x2 = xt.kview.reshape(-1, k)
+    out, out_k = dtypes.empty(xt.shape[:-1] + (n,), dtype)
+    out2 = out_k.reshape(-1, n)
+    shapes = [xt.shape, wt.shape] + ([bt.shape] if bt is not None else [])
+    with Launch(p, shapes) as run:
+        if strategy == "matmul_add" and bt is not None:
+            prod, prod_k = dtypes.empty(out2.shape, dtype)
+            run.count(cube.run_walk(x2, wt.kview, None, prod_k, p.params), workspace_bytes=prod.nbytes)
+            run.count(_bias_add_kernel(prod_k, bt.kview, out2, p.params["m1"], p.params["n1"],
+                                       p.params["ops_per_elem"]))
+        else:
+            run.count(cube.run_walk(x2, wt.kview, bt.kview if bt is not None else None, out2, p.params))
+        run.workspace(xt.copied_bytes + wt.copied_bytes + (bt.copied_bytes if bt is not None else 0))
+    return out
+
+
+@register("linear", "matmul_add", plan=plan_matmul_add,
+          summary="cube matmul, then a vector kernel adds the bias (2 kernels, 2 roundings)")
+def matmul_add(x, weight, bias=None, *, profile=None, cube_tiles=None):
+    """``round(round(x @ weight^T) + bias)``: a cube kernel writes the product in the storage dtype,
+    a vector kernel adds the bias. ``cube_tiles=((mL0, mL1), (kL0, kL1), (nL0, nL1))``."""
+    return _run("matmul_add", x, weight, bias, profile, cube_tiles)
+
+
+@register("linear", "fused_bias", plan=plan_fused_bias,
+          summary="bias added to the fp32 accumulator in the cube epilogue (1 kernel, 1 rounding)")
+def fused_bias(x, weight, bias=None, cube_tiles=None, *, profile=None):
+    """``round(x @ weight^T + bias)`` in one cube kernel, the bias added to the fp32 accumulator.
+
+    ``cube_tiles=((mL0, mL1), (kL0, kL1), (nL0, nL1))`` (default: the profile's
+    ``linear_cube_tiles``, or ``linear_decode_cube_tiles`` for fewer than 16 rows).
+    """
+    return _run("fused_bias", x, weight, bias, profile, cube_tiles)

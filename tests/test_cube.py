@@ -1,0 +1,171 @@
+"""The cube unit on its own: machine/cube.py against a float64 matmul of the widened operands.
+
+Covers every storage dtype, odd M/N/K tails on every tile level, the BLAS (M >= 16) and the
+hand-written skinny (decode) paths, the bias epilogue, exact counts of the walk, thread-count
+independence, and each budget rule of npu-facts 4.3 (TileError naming buffer, bytes, budget).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from conftest import DTYPES, make
+from pypto_numba.errors import ConstraintError, TileError
+from pypto_numba.machine import cube, dtypes
+from pypto_numba.machine.profile import load_profile
+
+U_OUT = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
+# small tiles so that the test shapes have tails on every level (m, k and n; L0 and L1)
+TILES = ((16, 32), (16, 64), (16, 48))
+
+
+def _run(a, b, bias, tiles=TILES, skinny=None, out_dtype=None):
+    dt = dtypes.storage_name(a.dtype)
+    out_dt = out_dtype or dt
+    m, k = a.shape
+    n = b.shape[0]
+    walk = cube.plan_walk(m, k, n, tiles, dt, out_dtype=out_dt,
+                          bias_dtype=None if bias is None else dt)
+    out, out_k = dtypes.empty((m, n), out_dt)
+    counted = cube.run_walk(dtypes.kernel_view(a), dtypes.kernel_view(b),
+                            None if bias is None else dtypes.kernel_view(bias), out_k, walk, skinny=skinny)
+    return out, counted, walk
+
+
+def _check_close(out, a, b, bias, out_dt):
+    """|out - exact| <= u_out*|exact| + (K*2^-24 + u_out) * (|a| |b|^T + |bias|): fp32 accumulation
+    error plus one rounding to the output dtype (a wrong tile offset gives O(1) errors)."""
+    a64 = a.astype(np.float64)
+    b64 = b.astype(np.float64)
+    exact = a64 @ b64.T
+    mag = np.abs(a64) @ np.abs(b64).T
+    if bias is not None:
+        exact = exact + bias.astype(np.float64)
+        mag = mag + np.abs(bias.astype(np.float64))
+    k = a.shape[1]
+    bound = U_OUT[out_dt] * np.abs(exact) + (k * 2.0**-24 + U_OUT[out_dt]) * mag
+    err = np.abs(out.astype(np.float64) - exact)
+    assert np.all(err <= bound), f"max err {err.max()} vs bound {bound[np.argmax(err - bound)]}"
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(37, 150, 61), (3, 150, 61), (1, 17, 5), (16, 64, 48)])
+def test_matches_float64_with_bias(dt, m, k, n, rng):
+    a, b, bias = make((m, k), dt, rng), make((n, k), dt, rng), make((n,), dt, rng)
+    out, counted, walk = _run(a, b, bias)
+    _check_close(out, a, b, bias, dt)
+    assert counted == (walk.tasks, walk.gm_read_bytes, walk.gm_write_bytes, 0, walk.cube_flops)
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])  # bf16 -> fp32 out: one extra signature only
+def test_no_bias_and_fp32_output(dt, rng):
+    a, b = make((21, 70), dt, rng), make((19, 70), dt, rng)
+    out, counted, walk = _run(a, b, None, out_dtype="fp32")
+    assert out.dtype == np.float32
+    _check_close(out, a, b, None, "fp32")
+    assert counted[1] == 21 * 70 * a.itemsize * 1 + 19 * 70 * b.itemsize * 1  # one block each way
+    assert counted[2] == 21 * 19 * 4
+
+
+def test_walk_counts_formula():
+    """Hand-computed counts: M=37, K=150, N=61 with mL1=32, nL1=48 -> 2 x 2 blocks."""
+    walk = cube.plan_walk(37, 150, 61, TILES, "bf16", bias_dtype="bf16")
+    assert walk.tasks == 4
+    assert walk.gm_read_bytes == 37 * 150 * 2 * 2 + 61 * 150 * 2 * 2 + 61 * 2 * 2
+    assert walk.gm_write_bytes == 37 * 61 * 2
+    assert walk.cube_flops == 2 * 37 * 61 * 150
+    names = {buf.name: (buf.level, buf.nbytes) for buf in walk.buffers}
+    assert names["a_l0"] == ("L0A", 16 * 16 * 2)
+    assert names["c_l0"] == ("L0C", 16 * 16 * 4)
+    assert names["bias_bt"] == ("BT", 16 * 4)
+    assert names["a_l1"] == ("L1", 32 * 64 * 2)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_skinny_and_blas_paths_agree(dt, rng):
+    # 13 rows: one 8-row pass, one 4-row pass, one single row
+    a, b, bias = make((13, 300), dt, rng), make((40, 300), dt, rng), make((40,), dt, rng)
+    fast, _, _ = _run(a, b, bias, skinny=False)
+    loops, _, _ = _run(a, b, bias, skinny=True)
+    _check_close(loops, a, b, bias, dt)
+    _check_close(fast, a, b, bias, dt)
+    assert not np.array_equal(fast, np.zeros_like(fast))
+
+
+def test_bit_identical_for_one_and_two_threads(rng):
+    a, b, bias = make((40, 130), "bf16", rng), make((50, 130), "bf16", rng), make((50,), "bf16", rng)
+    two, _, _ = _run(a, b, bias)
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        one, _, _ = _run(a, b, bias)
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(one.view(np.uint16), two.view(np.uint16))
+
+
+def test_blas_thread_count_restored():
+    fns = cube._scipy_openblas()
+    if fns is None:
+        pytest.skip("SciPy's OpenBLAS not found on this platform")
+    get, _ = fns
+    before = get()
+    with cube.single_thread_blas():
+        assert get() == 1
+    assert get() == before
+
+
+@pytest.mark.parametrize(
+    "tiles,dt,level,used,cap",
+    [
+        (((256, 256), (128, 128), (16, 16)), "fp32", "L0A", 256 * 128 * 4, 65536),
+        (((16, 16), (128, 128), (256, 256)), "fp32", "L0B", 256 * 128 * 4, 65536),
+        (((256, 256), (16, 16), (256, 256)), "bf16", "L0C", 256 * 256 * 4, 131072),
+        (((128, 256), (128, 512), (128, 256)), "fp32", "L1", (256 * 512 + 256 * 512) * 4, 524288),
+        (((16, 16), (16, 16), (512, 512)), "bf16", "BT", 512 * 4, 1024),
+    ],
+)
+def test_budget_rules_raise_tile_error(tiles, dt, level, used, cap):
+    with pytest.raises(TileError, match=rf"{level} = .* = {used} B but ascend910b has {cap} B"):
+        cube.plan_walk(64, 64, 64, tiles, dt, bias_dtype=dt, where="cube.test")
+
+
+@pytest.mark.parametrize(
+    "tiles,match",
+    [
+        (((16, 24), (16, 16), (16, 16)), r"mL1 % mL0 == 0"),
+        (((32, 16), (16, 16), (16, 16)), r"mL0 <= mL1"),
+        (((16, 16), (8, 8), (16, 16)), r"not a multiple of 16 elements"),
+        (((16, 16), (16, 16)), r"cube_tiles must be"),
+        (((0, 16), (16, 16), (16, 16)), r"must be > 0"),
+    ],
+)
+def test_alignment_and_shape_rules(tiles, match):
+    with pytest.raises(TileError, match=match):
+        cube.plan_walk(64, 64, 64, tiles, "fp32", where="cube.test")
+
+
+def test_inner_axis_limit():
+    with pytest.raises(ConstraintError, match="65535"):
+        cube.plan_walk(4, 70000, 4, TILES, "bf16")
+
+
+def test_default_linear_tiles_fit_every_dtype():
+    prof = load_profile("ascend910b")
+    for key in ("linear_cube_tiles", "linear_decode_cube_tiles"):
+        for dt in DTYPES:
+            cube.plan_walk(64, 64, 64, prof.tile(key), dt, bias_dtype=dt, profile=prof)
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_blas_call_per_l0_step(dt, rng):
+    """merge_k=False (one BLAS call per kL0 step) gives the same counts and a correct result."""
+    a, b, bias = make((37, 150), dt, rng), make((61, 150), dt, rng), make((61,), dt, rng)
+    walk = cube.plan_walk(37, 150, 61, TILES, dt, bias_dtype=dt)
+    out, out_k = dtypes.empty((37, 61), dt)
+    counted = cube.run_walk(dtypes.kernel_view(a), dtypes.kernel_view(b), dtypes.kernel_view(bias),
+                            out_k, walk, merge_k=False)
+    _check_close(out, a, b, bias, dt)
+    assert counted == (walk.tasks, walk.gm_read_bytes, walk.gm_write_bytes, 0, walk.cube_flops)

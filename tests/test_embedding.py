@@ -1,0 +1,124 @@
+"""embedding.gather / embedding.index_select: exact rows, ids checks, counted Cost, tile rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pypto_numba as pn
+from conftest import NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from pypto_numba import embedding, reference
+from pypto_numba.errors import DTypeError, ShapeError, TileError
+
+
+@pytest.mark.parametrize("ids_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("ids_shape", [(7,), (3, 5), (2, 3, 4), ()])
+def test_gather_exact(ids_shape, ids_dtype, dtype, rng):
+    w = make((50, 37), dtype, rng)
+    ids = rng.integers(0, 50, size=ids_shape).astype(ids_dtype)
+    out, rec = run_traced(embedding.gather, w, ids, row_tile=8, h_tile=16)
+    assert out.dtype == NP_DTYPE[dtype] and out.shape == ids_shape + (37,)
+    assert np.array_equal(out.astype(np.float64), reference.embedding(w, ids))
+    assert_cost_matches_plan(rec)
+
+
+@pytest.mark.parametrize("ids_shape", [(7,), (3, 5)])
+def test_index_select_exact(ids_shape, dtype, rng):
+    w = make((50, 37), dtype, rng)
+    ids = rng.integers(0, 50, size=ids_shape).astype(np.int64)
+    out, rec = run_traced(embedding.index_select, w, ids)
+    assert np.array_equal(out.astype(np.float64), reference.embedding(w, ids))
+    assert_cost_matches_plan(rec)
+    assert np.array_equal(out.view(np.uint8), embedding.gather(w, ids).view(np.uint8))
+
+
+def test_index_select_rank3_points_to_gather(rng):
+    w = make((10, 16), "fp32", rng)
+    with pytest.raises(ShapeError, match=r"embedding.gather"):
+        embedding.index_select(w, np.zeros((2, 2, 2), np.int32))
+    with pytest.raises(ShapeError, match=r"embedding.gather"):
+        embedding.plan_index_select((10, 16), (2, 2, 2))
+
+
+def test_bit_exact_special_values():
+    w = np.array([[np.nan, -0.0, np.inf, 1e-45], [1.0, 2.0, 3.0, 4.0]], np.float32)
+    out = embedding.gather(w, np.array([[1, 0], [0, 0]], np.int32))
+    assert np.array_equal(out.view(np.uint32)[0, 1], w.view(np.uint32)[0])
+
+
+def test_cost_formula(rng):
+    """Hand-computed: n=15 ids (int32), H=37 bf16, row_tile=8, h_tile=16 -> 2 x 3 tasks."""
+    p = embedding.plan_gather((50, 37), (3, 5), "bf16", "int32", row_tile=8, h_tile=16)
+    c = p.cost
+    assert (c.kernels, c.tasks) == (1, 6)
+    assert c.gm_read_bytes == 15 * 37 * 2 + 15 * 4 * 3
+    assert c.gm_write_bytes == 15 * 37 * 2
+    assert c.ub_peak_bytes == 8 * 4 + 8 * 16 * 2
+
+
+def test_default_h_tile_fits_ub():
+    p = embedding.plan_gather((151936, 2048), (8, 2048), "bf16")
+    rows, cols = p.params["row_tile"], p.params["h_tile"]
+    assert rows * cols * 2 <= p.profile.ub_bytes // 2 and (cols * 2) % 32 == 0
+    small = embedding.plan_gather((10, 20), (4,), "fp32")
+    assert small.params["h_tile"] == 24  # H rounded up to 32 B
+
+
+@pytest.mark.parametrize("bad,pos", [(-1, [1, 2]), (50, [1, 2]), (10**6, [1, 2])])
+def test_out_of_range_ids(bad, pos, rng):
+    w = make((50, 8), "fp32", rng)
+    ids = np.zeros((3, 4), np.int64)
+    ids[1, 2] = bad
+    ids[2, 3] = -5  # a later bad id is not the one reported
+    with pn.trace() as t, pytest.raises(IndexError, match=rf"ids\[{pos[0]}, {pos[1]}\] = {bad} .*\[0, 50\)"):
+        embedding.gather(w, ids)
+    assert len(t.records) == 0  # no kernel ran
+
+
+def test_bad_inputs(rng):
+    w = make((10, 16), "fp32", rng)
+    with pytest.raises(DTypeError, match=r"int32 or int64"):
+        embedding.gather(w, np.zeros(3, np.float32))
+    with pytest.raises(DTypeError, match=r"int32 or int64"):
+        embedding.gather(w, np.zeros(3, np.int16))
+    with pytest.raises(DTypeError, match=r"int32 or int64"):
+        embedding.gather(w, np.zeros(3, bool))
+    with pytest.raises(DTypeError, match=r"numpy array"):
+        embedding.gather(w, [1, 2])
+    with pytest.raises(DTypeError, match=r"float64"):
+        embedding.gather(w.astype(np.float64), np.zeros(3, np.int32))
+    with pytest.raises(DTypeError, match=r"int64"):
+        embedding.gather(w.astype(np.int64), np.zeros(3, np.int32))
+    with pytest.raises(ShapeError, match=r"no elements"):
+        embedding.gather(w, np.zeros((0, 3), np.int32))
+    with pytest.raises(ShapeError, match=r"weight must have 2 dims"):
+        embedding.gather(w[0], np.zeros(3, np.int32))
+    with pytest.raises(ShapeError, match=r"zero-size"):
+        embedding.gather(w[:, :0], np.zeros(3, np.int32))
+
+
+def test_tile_errors(rng):
+    with pytest.raises(TileError, match=r"UB"):
+        embedding.plan_gather((10, 4096), (64,), "fp32", row_tile=64, h_tile=4096)
+    with pytest.raises(TileError, match=r"32 B"):
+        embedding.plan_gather((10, 40), (4,), "fp32", h_tile=10)
+    with pytest.raises(TileError, match=r"row_tile must be a positive integer"):
+        embedding.plan_gather((10, 40), (4,), "fp32", row_tile=0)
+
+
+def test_non_contiguous_ids_counted(rng):
+    w = make((30, 16), "bf16", rng)
+    ids = rng.integers(0, 30, size=(4, 10)).astype(np.int32)[:, ::2]
+    out, rec = run_traced(embedding.gather, w, ids)
+    assert np.array_equal(out.astype(np.float64), reference.embedding(w, ids))
+    assert rec.cost.workspace_bytes == ids.size * 4
+
+
+def test_out_argument(rng):
+    w = make((30, 16), "fp16", rng)
+    ids = rng.integers(0, 30, size=(2, 5)).astype(np.int32)
+    out = np.empty((2, 5, 16), np.float16)
+    got = embedding.gather(w, ids, out=out)
+    assert got is out and np.array_equal(out.astype(np.float64), reference.embedding(w, ids))
+    with pytest.raises(ShapeError, match=r"out must be"):
+        embedding.gather(w, ids, out=np.empty((2, 5, 16), np.float32))
