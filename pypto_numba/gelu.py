@@ -27,13 +27,11 @@ from __future__ import annotations
 import math as _math
 
 import numpy as np
-import numba
 from numba import prange
 
 from . import inputs
 from .errors import ConstraintError
 from .machine import dtypes, vmath
-from .machine import tile as tile_mod
 from .machine.jit import device, kernel
 from .machine.plan import KernelPlan, Plan, vector_tile
 from .machine.profile import load_profile
@@ -54,10 +52,11 @@ MATHS = ("fp32", "storage")
 # ---------------------------------------------------------------------------------------------
 # kernels: one prange iteration = one UB tile (a pypto.loop iteration on an AI vector core)
 #
-# Each tile is computed from x (widened to fp32) either straight into the GM output or, for outputs
-# too large to stay in cache, into the task's UB staging tile and then copied out with streaming
-# stores (machine/tile.py: that skips the read-for-ownership of plain stores). Offsets are uint64:
-# signed offsets keep numba's negative-index check, which stops the loops from vectorising.
+# Each tile is widened to fp32, computed and cast straight into the GM output. (Staging the tile in
+# UB and copying it out with streaming stores, machine/tile.py, measured slower here: GELU's
+# arithmetic already costs as much as the memory traffic, and the extra pass adds to it.)
+# Offsets are uint64: signed offsets keep numba's negative-index check, which stops the loops
+# from vectorising (measured 7x slower).
 
 VARIANT = {"tanh": 0, "erf": 1}
 
@@ -113,7 +112,7 @@ def _tile(x, x_off, dst, d_off, n, variant, storage_math):
 
 
 @kernel
-def _gelu_kernel(x, out, tile, variant, storage_math, ops_per_elem, stream, staging):
+def _gelu_kernel(x, out, tile, variant, storage_math, ops_per_elem):
     n = x.size
     n_tiles = (n + tile - 1) // tile
     itemsize = x.itemsize
@@ -121,17 +120,10 @@ def _gelu_kernel(x, out, tile, variant, storage_math, ops_per_elem, stream, stag
     gm_read = 0
     gm_write = 0
     vector_ops = 0
-    zero = np.uint64(0)
     for t in prange(n_tiles):
         start = np.uint64(t * tile)
         valid = np.uint64(min(tile, n - t * tile))  # valid shape of the tail tile
-        if stream:
-            y_ub = staging[numba.get_thread_id()]
-            _tile(x, start, y_ub, zero, valid, variant, storage_math)
-            tile_mod.copy_out(out[start:start + valid], y_ub, valid, True)
-            tile_mod.store_fence()
-        else:
-            _tile(x, start, out, start, valid, variant, storage_math)
+        _tile(x, start, out, start, valid, variant, storage_math)
         tasks += 1
         gm_read += valid * itemsize
         gm_write += valid * itemsize
@@ -187,34 +179,32 @@ def plan_erf(shape, dtype="fp32", *, profile=None, tile=None, math="fp32") -> Pl
 # public strategies
 
 
-def _run(variant: str, x, profile, tile, math):
+def _run(variant: str, x, profile, tile, math, out):
     where = f"gelu.{variant}"
     xt = inputs.tensor(x, "x", where)
     p = _plan(variant, xt.shape, xt.dtype, profile, tile, math)
-    out, out_k = tile_mod.aligned_empty(xt.shape, xt.dtype)
-    stream = tile_mod.streamable(out_k)
-    tile_elems = p.params["tile"]
-    staging = tile_mod.scratch(tile_elems if stream else 1, out_k.dtype)
+    result, out_k = inputs.output(where, xt, out)
     with Launch(p, [xt.shape]) as run:
         run.count(
-            _gelu_kernel(xt.kview.reshape(-1), out_k.reshape(-1), tile_elems, VARIANT[variant],
-                         p.params["math"] == "storage", p.params["ops_per_elem"], stream, staging)
+            _gelu_kernel(xt.kview.reshape(-1), out_k.reshape(-1), p.params["tile"], VARIANT[variant],
+                         p.params["math"] == "storage", p.params["ops_per_elem"])
         )
         run.workspace(xt.copied_bytes)
-    return out
+    return result
 
 
 @register("gelu", "tanh", plan=plan_tanh, summary="tanh approximation, one vector kernel")
-def tanh(x, *, profile=None, tile=None, math="fp32"):
+def tanh(x, *, profile=None, tile=None, math="fp32", out=None):
     """GELU by the tanh approximation: ``0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))``.
 
     ``tile``: UB tile in elements (default: the profile's ``gelu_tile``); ``math="storage"``
-    rounds every intermediate to the storage dtype (default ``"fp32"``: one cast at the end).
+    rounds every intermediate to the storage dtype (default ``"fp32"``: one cast at the end);
+    ``out``: write into this array (x's shape and dtype; may be x itself) instead of a new one.
     """
-    return _run("tanh", x, profile, tile, math)
+    return _run("tanh", x, profile, tile, math, out)
 
 
 @register("gelu", "erf", plan=plan_erf, summary="exact erf form, one vector kernel")
-def erf(x, *, profile=None, tile=None, math="fp32"):
+def erf(x, *, profile=None, tile=None, math="fp32", out=None):
     """Exact GELU: ``0.5*x*(1 + erf(x/sqrt(2)))``. Options as :func:`tanh`."""
-    return _run("erf", x, profile, tile, math)
+    return _run("erf", x, profile, tile, math, out)

@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from .errors import ConstraintError, DTypeError, ShapeError, TileError
-from .machine import dtypes
+from .machine import dtypes, tile
 
 ACCEPTED = "float32, float16 or ml_dtypes.bfloat16"
 INT32_MAX = 2**31 - 1
@@ -110,3 +110,20 @@ def axis(dim, ndim: int, name: str, where: str) -> int:
     if not -ndim <= dim < ndim:
         raise ShapeError(f"{where}: {name}={dim} is out of range for a {ndim}-d input (valid: {-ndim}..{ndim - 1})")
     return int(dim) % ndim
+
+
+def output(where: str, xt: Tensor, out):
+    """A new output, or the caller's ``out=`` (same shape and dtype, C-contiguous; may be x itself)."""
+    if out is None:
+        return tile.aligned_empty(xt.shape, xt.dtype)
+    if not isinstance(out, np.ndarray) or dtypes.storage_name(out.dtype) != xt.dtype:
+        got = out.dtype if isinstance(out, np.ndarray) else type(out).__name__
+        raise DTypeError(f"{where}: out must be a numpy array of x's dtype ({xt.dtype}), got {got}")
+    if out.shape != xt.shape:
+        raise ShapeError(f"{where}: out must have x's shape {xt.shape}, got {out.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ConstraintError(f"{where}: out must be a writeable C-contiguous array")
+    same = out.__array_interface__["data"][0] == xt.array.__array_interface__["data"][0]
+    if not same and np.may_share_memory(out, xt.array):
+        raise ConstraintError(f"{where}: out overlaps x partially; pass out=x (in place) or a separate array")
+    return out, dtypes.kernel_view(out)

@@ -75,7 +75,6 @@ from .machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_til
 from .machine import tile
 from .machine.profile import load_profile
 from .machine.tile import STREAM_MIN_BYTES
-from .machine.tile import aligned_empty as _aligned_empty
 from .machine.tile import copy as _copy
 from .machine.tile import copy_out as _copy_out
 from .machine.tile import scratch as _scratch
@@ -558,23 +557,6 @@ def _streamable(out_k):
     return tile.streamable(out_k, STREAM_MIN_BYTES)
 
 
-def _output(where, xt, out):
-    """A new output, or the caller's ``out=`` (same shape and dtype, C-contiguous; may be x itself)."""
-    if out is None:
-        return _aligned_empty(xt.shape, xt.dtype)
-    if not isinstance(out, np.ndarray) or dtypes.storage_name(out.dtype) != xt.dtype:
-        got = out.dtype if isinstance(out, np.ndarray) else type(out).__name__
-        raise DTypeError(f"{where}: out must be a numpy array of x's dtype ({xt.dtype}), got {got}")
-    if out.shape != xt.shape:
-        raise ShapeError(f"{where}: out must have x's shape {xt.shape}, got {out.shape}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ConstraintError(f"{where}: out must be a writeable C-contiguous array")
-    same = out.__array_interface__["data"][0] == xt.array.__array_interface__["data"][0]
-    if not same and np.may_share_memory(out, xt.array):
-        raise ConstraintError(f"{where}: out overlaps x partially; pass out=x (in place) or a separate array")
-    return out, dtypes.kernel_view(out)
-
-
 _DUMMY = {name: np.zeros((1, 2), dt) for name, dt in dtypes.KERNEL.items()}
 
 
@@ -591,7 +573,7 @@ def _run_norm_rope(kind, x, weight, cos, sin, eps, profile, token_tile, out):
         eps = _eps(eps, where)
     p = _plan(kind, xt.shape, ct.shape if rope else None, xt.dtype, profile, token_tile)
     n_lead, S, H, D, R = _geometry(where, xt.shape, ct.shape if rope else None, rope=rope, norm_only=not rope)
-    result, out_k = _output(where, xt, out)
+    result, out_k = inputs.output(where, xt, out)
     dummy = _DUMMY[xt.dtype]
     if rope:
         cbase = _table_rows(xt.shape, ct.shape, S)
@@ -661,7 +643,7 @@ def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None):
     ct, st = _tables(where, xt, cos, sin)
     p = _plan("interleaved", xt.shape, ct.shape, xt.dtype, profile, token_tile)
     n_lead, S, H, D, R = _geometry(where, xt.shape, ct.shape)
-    result, out_k = _output(where, xt, out)
+    result, out_k = inputs.output(where, xt, out)
     cbase = _table_rows(xt.shape, ct.shape, S)
     with Launch(p, [xt.shape, ct.shape, st.shape]) as run:
         run.count(

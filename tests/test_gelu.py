@@ -205,3 +205,23 @@ def test_non_contiguous_input(variant, rng):
     assert y.flags.c_contiguous and y.shape == x.shape
     assert rec.cost.workspace_bytes == rec.planned.workspace_bytes + x.size * 2
     assert rec.cost.gm_read_bytes == rec.planned.gm_read_bytes
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_out_argument_in_place_and_errors(variant):
+    fn, _ = VARIANTS[variant]
+    x = np.linspace(-4, 4, 1001, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    want = fn(x)
+    out = np.empty_like(x)
+    assert fn(x, out=out) is out
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+    y = x.copy()
+    assert fn(y, out=y) is y  # in place
+    np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
+    with pytest.raises(pn.DTypeError, match="out must be a numpy array of x's dtype"):
+        fn(x, out=np.empty(x.shape, np.float32))
+    with pytest.raises(pn.ShapeError, match="out must have x's shape"):
+        fn(x, out=np.empty((7,), x.dtype))
+    with pytest.raises(pn.ConstraintError, match="overlaps x partially"):
+        z = np.zeros(2000, x.dtype)
+        fn(z[:1001], out=z[1:1002])
