@@ -21,6 +21,8 @@ Ratios: ``median_ratio(fn_a, fn_b, repeats=7)`` alternates a, b, a, b, ... and r
 ``median_ratio(my_op, copy)`` is "fraction of copy speed" (1.0 = as fast as the copy), and
 ``median_ratio(my_op, torch_op)`` is "speed-up over torch".
 
+``to_torch(torch, a)``: zero-copy torch tensor of a float32/float16/bfloat16 array (same dtype).
+
 Compile time: ``compile_seconds(snippet)`` writes module source to a temporary .py file and runs
 it twice in fresh processes sharing a brand-new ``NUMBA_CACHE_DIR``: the first run compiles, the
 second loads from the cache. The snippet does its imports at top level (untimed) and defines
@@ -54,6 +56,7 @@ __all__ = [
     "median_seconds",
     "median_ratio",
     "torch_or_none",
+    "to_torch",
     "compile_seconds",
     "M64",
     "M16",
@@ -166,6 +169,15 @@ def torch_or_none():
     return torch
 
 
+def to_torch(torch, a: np.ndarray):
+    """Zero-copy torch tensor of a float32 / float16 / ml_dtypes.bfloat16 array (same dtype)."""
+    if a.dtype == np.float32 or a.dtype == np.float16:
+        return torch.from_numpy(a)
+    if a.dtype.name == "bfloat16":  # torch.from_numpy does not know ml_dtypes: reinterpret bits
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    raise TypeError(f"to_torch: unsupported dtype {a.dtype}")
+
+
 _RUNNER = r"""
 import importlib, json, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -191,7 +203,8 @@ def compile_seconds(snippet: str, timeout: float = 300.0) -> tuple:
     script = os.path.join(tmp, "compile_snippet.py")  # a real file: numba can cache its functions
     with open(script, "w") as f:
         f.write(snippet)
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+    # the child sees the parent's sys.path (asv strips PYTHONPATH; see __init__.py)
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
         out = []
         for _ in range(2):

@@ -17,8 +17,9 @@ from .machine.plan import Plan
 from .machine.profile import HardwareProfile, active_profile, load_profile, profiles, use_profile
 from .strategy import SEED, strategies, trace
 from .compare import compare
+from .advise import advise
 
-from . import attention, embedding, gelu, linear, moe, repeat_kv, rope  # noqa: E402  (op modules register their strategies on import)
+from . import attention, embedding, gelu, linear, mean, moe, repeat_kv, rope  # noqa: E402  (op modules register their strategies on import)
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,7 @@ __all__ = [
     "ShapeError",
     "TileError",
     "active_profile",
+    "advise",
     "attention",
     "compare",
     "embedding",

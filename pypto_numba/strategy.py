@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import importlib
 import time
 
 from .machine.cost import Cost
@@ -73,19 +72,12 @@ def register(op: str, name: str, *, plan, summary: str = ""):
     return wrap
 
 
-def _load_all():
-    for op in OPS:
-        with contextlib.suppress(ModuleNotFoundError):
-            importlib.import_module(f"pypto_numba.{op}")
-
-
 def strategies(op: str = None):
     """The registry. ``strategies()`` -> {op: [Strategy, ...]}; ``strategies("gelu")`` -> [Strategy, ...].
 
     Each Strategy has ``.name``, ``.fn``, ``.plan``, ``.summary`` and ``.recommended`` (the seed's
     choice); ``SEED[op]`` holds the seed's preferred/alternative/criterion.
     """
-    _load_all()
     if op is None:
         return {o: list(_REGISTRY[o].values()) for o in OPS if o in _REGISTRY}
     if op not in _REGISTRY:

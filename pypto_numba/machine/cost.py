@@ -74,8 +74,10 @@ class Cost:
         return self.gm_read_bytes + self.gm_write_bytes
 
     def kernel_costs(self) -> tuple:
-        """The per-kernel Costs this Cost is the sum of (itself for a single kernel)."""
-        return self.parts if self.parts else (self,)
+        """The per-kernel Costs this Cost is the sum of (itself for a single kernel, none for zero)."""
+        if self.parts:
+            return self.parts
+        return () if self == Cost() else (self,)
 
     def __add__(self, other: "Cost") -> "Cost":
         if not isinstance(other, Cost):
@@ -108,8 +110,7 @@ class Cost:
         from .profile import load_profile
 
         prof = load_profile(profile)
-        kernels = [k for k in self.kernel_costs() if k.kernels or k.tasks or k.gm_bytes]
-        rows = [_kernel_estimate(k, prof, dtype) for k in kernels]
+        rows = [_kernel_estimate(k, prof, dtype) for k in self.kernel_costs()]
         total = sum(r["seconds"] for r in rows)
         bound = max(rows, key=lambda r: r["seconds"])["bound"] if rows else "none"
         return Estimate(seconds=total, bound=bound, kernels=tuple(rows), profile=prof.name)
