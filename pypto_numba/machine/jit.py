@@ -10,6 +10,23 @@
 Float reductions are never done with ``prange`` reductions (their order would depend on the
 thread count); each tile task reduces serially, so results are bit-identical for any number of
 threads. ``prange`` reductions are used only for the integer cost counters.
+
+Numba rules measured while building the kernels (each cost 2-7x when broken):
+
+- index with unsigned offsets (``o = np.uint64(start); x[o + i]``) or loop over a slice: a signed
+  index whose sign LLVM cannot prove (``for i in range(start, stop): x[i]``) keeps numba's
+  negative-index wraparound select and the loop does not vectorise;
+- a loop vectorises only with <= 8 runtime alias checks: one output and a few inputs per loop;
+- ``reassoc`` lets LLVM fold a two-step exponent scaling into one overflowing constant, so
+  ``machine/vmath.py`` compiles with ``contract`` only (the flags travel with each instruction
+  when inlined into a FASTMATH kernel); small math helpers need ``forceinline`` or LLVM may
+  leave a call in the loop and not vectorise it;
+- ``numba.get_num_threads()`` inside a kernel makes it uncacheable: per-thread scratch is
+  allocated in Python (``machine/tile.py``) with one cache-line-aligned slab per thread;
+- ``np.dot`` inside ``prange`` needs SciPy's OpenBLAS on one thread (``machine/cube.py``), or it is
+  ~40x slower;
+- a fresh multi-MiB output costs page faults comparable to the kernel itself: benchmarks that
+  compare bandwidth pass ``out=`` where the op offers it.
 """
 
 from __future__ import annotations
