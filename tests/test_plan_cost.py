@@ -128,3 +128,16 @@ def test_kernel_plan_cost_peaks_per_level():
     c = k.cost
     assert (c.kernels, c.tasks, c.ub_peak_bytes, c.l0c_peak_bytes, c.l1_peak_bytes) == (1, 3, 320, 1024, 0)
     assert dataclasses.replace(c, tasks=3) == c
+
+
+def test_estimate_against_the_public_matmul_anchor():
+    # npu-facts 7: a 6144^3 fp16 matmul takes about 2.1 ms on an A2-class NPU (24 cores). The
+    # roofline of the cube walk's plan must land within 2x of it (it counts every L1 re-read at
+    # HBM bandwidth, ignoring the 192 MB L2, so it errs on the slow side: measured ratio 1.24).
+    from pypto_numba import linear
+
+    plan = linear.plan_fused_bias((6144, 6144), (6144, 6144), "fp16", bias=False)
+    assert plan.cost.cube_flops == 2 * 6144**3
+    est = plan.estimate()
+    assert 1.0 <= est.seconds / 2.1e-3 <= 2.0, est
+    assert est.bound in ("memory", "cube")

@@ -3,7 +3,7 @@
 - ``error_model="numpy"``: division by zero gives inf/nan instead of a Python exception check,
   which is what lets loops with divisions vectorise.
 - ``FASTMATH``: the fastmath subset that allows contraction (FMA), reassociation inside a task,
-  approximate reciprocals and functions, but keeps NaN and Inf semantics. ``fastmath=True`` is
+  approximate reciprocals and functions, but keeps NaN and Inf semantics. Blanket fastmath is
   never used: its ``nnan``/``ninf`` flags silently delete NaN checks and break -inf masking.
 - ``cache=True``: machine code is cached (``NUMBA_CACHE_DIR`` or next to the source).
 
