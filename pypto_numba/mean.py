@@ -60,7 +60,7 @@ from numba import prange
 
 from . import inputs
 from .errors import ConstraintError
-from .machine import dtypes
+from .machine import dtypes, tile
 from .machine.jit import kernel
 from .machine.plan import Buffer, KernelPlan, Plan, align_elems, reduce_tile, vector_tile
 from .machine.profile import load_profile
@@ -390,9 +390,8 @@ def sum_div(x, dim=-1, keepdim=False, *, profile=None, row_tile=None, rows_per_t
     outer, length, inner = prm["outer"], prm["length"], prm["inner"]
     steps = prm["steps"]
     out, out_k = dtypes.empty(prm["out_shape"], xt.dtype)
-    n_threads = numba.config.NUMBA_NUM_THREADS  # thread ids are < this for any set_num_threads
     width = max(s.get("inner_tile", 1) for s in steps)
-    scratch = np.empty((n_threads, 2, width if inner > 1 else 1), np.float32)
+    scratch = tile.scratch(width if inner > 1 else 1, np.float32, 2)
     src = xt.kview.reshape(-1)
     with Launch(p, [xt.shape]) as run:
         if len(steps) == 1:

@@ -38,7 +38,6 @@ import contextlib
 import math
 import numbers
 
-import numba
 import numpy as np
 from numba import types
 from numba.extending import overload
@@ -428,10 +427,6 @@ def tile_vector_ops(R, n, Dv, has_mask, pv_mode):
 @device
 def tile_cube_flops(R, n, D, Dv, pv_mode):
     return 2 * R * n * D + 2 * R * n * Dv * (2 if pv_mode == 1 else 1)
-
-
-def thread_count() -> int:
-    return numba.get_num_threads()
 
 
 # ---------------------------------------------------------------------------------------------

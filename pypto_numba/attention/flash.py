@@ -29,7 +29,7 @@ from numba import prange
 
 from .. import inputs
 from ..errors import ConstraintError
-from ..machine import dtypes
+from ..machine import dtypes, tile
 from ..machine.jit import kernel
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
@@ -325,8 +325,8 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         G = a.Hq // Hkv
         Rmax = G * qt
         blocks = a.B * Hkv * (-(-a.Sq // qt))
-        scratch = np.empty((C.thread_count(), scratch_elems(Rmax, a.D, a.Dv, kvt)), np.float32)
-        state = np.empty((C.thread_count(), Rmax * (a.Dv + 2)), np.float32)
+        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt), np.float32)
+        state = tile.scratch(Rmax * (a.Dv + 2), np.float32)
         ps = n_split if n_split > 1 else 1
         pb = blocks if n_split > 1 else 1
         part_m = np.empty((ps, pb, Rmax), np.float32)

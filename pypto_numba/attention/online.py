@@ -26,7 +26,7 @@ import numpy as np
 from numba import prange
 
 from .. import inputs
-from ..machine import dtypes
+from ..machine import dtypes, tile
 from ..machine.jit import kernel
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
@@ -219,7 +219,7 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
         nq = -(-a.Sq // qt)
         Rmax = G * qt
         tasks = a.B * Hkv * nq
-        scratch = np.empty((C.thread_count(), scratch_elems(Rmax, a.D, a.Dv, kvt)), np.float32)
+        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt), np.float32)
         ws_m = np.empty((tasks, Rmax), np.float32)
         ws_l = np.empty((tasks, Rmax), np.float32)
         ws_o = np.empty((tasks, Rmax * a.Dv), np.float32)

@@ -23,7 +23,7 @@ import numpy as np
 from numba import prange
 
 from ..errors import TileError
-from ..machine import dtypes
+from ..machine import dtypes, tile
 from ..machine.jit import kernel
 from ..machine.plan import KernelPlan, Plan
 from ..machine.profile import load_profile
@@ -250,15 +250,14 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
         Rmax = G * qt
         s_ws = np.empty((a.B, a.Hq, a.Sq, a.Skv), np.float32)
         _, p_ws = dtypes.empty((a.B, a.Hq, a.Sq, a.Skv), a.dtype)
-        nth = C.thread_count()
-        sc1 = np.empty((nth, Rmax * a.D + Rmax * CHUNK + CHUNK * a.D), np.float32)
+        sc1 = tile.scratch(Rmax * a.D + Rmax * CHUNK + CHUNK * a.D, np.float32)
         with C.kernel_context() as blas:
             run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, blas.gemm_rows, sc1),
                       workspace_bytes=s_ws.nbytes)
         msb, msh, msi, msj = a.mask_strides
         run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.scale, a.has_mask,
                                   a.mask_flat, msb, msh, msi, msj), workspace_bytes=p_ws.nbytes)
-        sc3 = np.empty((nth, Rmax * CHUNK + 2 * Rmax * a.Dv + CHUNK * a.Dv), np.float32)
+        sc3 = tile.scratch(Rmax * CHUNK + 2 * Rmax * a.Dv + CHUNK * a.Dv, np.float32)
         with C.kernel_context() as blas:
             run.count(_pv_kernel(p_ws, vk, out_k, qt, blas.gemm_rows, sc3))
         run.workspace(a.copied_bytes)

@@ -138,7 +138,7 @@ def scratch(cols, name_or_dtype, *lead):
     dt = np.dtype(name_or_dtype)
     per_line = ALIGN // dt.itemsize
     cols_padded = -(-cols // per_line) * per_line + per_line
-    rows = numba.get_num_threads()
+    rows = numba.config.NUMBA_NUM_THREADS  # thread ids stay below it whatever set_num_threads says
     n = rows * _math.prod(lead) * cols_padded
     buf = np.empty(n + per_line, dt)
     first = (-buf.ctypes.data % ALIGN) // dt.itemsize
