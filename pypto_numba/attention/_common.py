@@ -45,6 +45,7 @@ from numba.extending import overload
 from .. import inputs
 from ..errors import ConstraintError, DTypeError, ShapeError, TileError
 from ..machine import dtypes
+from ..machine.tile import prefetch_row
 from ..machine.jit import device
 from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
 from ..machine.plan import Buffer, align_elems, align_up, cube_tiles
@@ -53,6 +54,7 @@ GQA_MODES = ("head_loop", "expand_clone")
 PV_MODES = ("storage", "compensated", "fp32")
 PV_CODE = {"storage": 0, "compensated": 1, "fp32": 2}
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows use np.dot (BLAS) for QK^T and PV
+PREFETCH_ROWS = 16  # decode loops prefetch the K/V row this many keys ahead (8 KiB in fp32, D=128)
 NEG_INF = np.float32(-np.inf)
 
 # vector element-ops per (row, key) of a processed tile: scale, max, sub, exp, sum, cast of P;
@@ -109,6 +111,12 @@ def load_q_block(q, b, kvh, G, i0, qv, qf):
                 qf[base + d] = dtypes.widen(q[b, kvh * G + g, i0 + ii, d])
 
 
+# The decode loops below index with uint64 values only (4-D K/V and the flat scratch): a signed
+# index keeps numba's negative-index wraparound select and the loop does not vectorise, and a
+# per-key row slice costs an atomic reference-count update on the array both threads share
+# (machine/tile.py). Never mix uint64 and int64 in arithmetic: numba promotes the pair to float64.
+
+
 @device
 def tile_scores(qf, R, k, b, h, j0, n, s, kf, use_gemm):
     """s[r*n + j] = sum_d qf[r, d] * k[b, h, j0 + j, d] in fp32 (R rows, n keys)."""
@@ -116,84 +124,105 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kf, use_gemm):
     if use_gemm:
         kt = f32_tile(k, b, h, j0, n, kf)
         np.dot(qf[: R * D].reshape((R, D)), kt.T, s[: R * n].reshape((R, n)))
-    else:
-        # decode: 4 rows share each K element loaded (4 vector accumulators), then single rows
-        r = 0
-        while r + 4 <= R:
-            q0 = r * D
-            q1 = q0 + D
-            q2 = q1 + D
-            q3 = q2 + D
-            n2 = n - n % 2
-            for j in range(0, n2, 2):  # 2 keys x 4 rows: 8 accumulators, 6 loads per 8 FMAs
-                a0 = np.float32(0.0)
-                a1 = np.float32(0.0)
-                a2 = np.float32(0.0)
-                a3 = np.float32(0.0)
-                c0 = np.float32(0.0)
-                c1 = np.float32(0.0)
-                c2 = np.float32(0.0)
-                c3 = np.float32(0.0)
-                for d in range(D):
-                    kd = dtypes.widen(k[b, h, j0 + j, d])
-                    ke = dtypes.widen(k[b, h, j0 + j + 1, d])
-                    x0 = qf[q0 + d]
-                    x1 = qf[q1 + d]
-                    x2 = qf[q2 + d]
-                    x3 = qf[q3 + d]
-                    a0 += x0 * kd
-                    a1 += x1 * kd
-                    a2 += x2 * kd
-                    a3 += x3 * kd
-                    c0 += x0 * ke
-                    c1 += x1 * ke
-                    c2 += x2 * ke
-                    c3 += x3 * ke
-                s[r * n + j] = a0
-                s[(r + 1) * n + j] = a1
-                s[(r + 2) * n + j] = a2
-                s[(r + 3) * n + j] = a3
-                s[r * n + j + 1] = c0
-                s[(r + 1) * n + j + 1] = c1
-                s[(r + 2) * n + j + 1] = c2
-                s[(r + 3) * n + j + 1] = c3
-            for j in range(n2, n):
-                a0 = np.float32(0.0)
-                a1 = np.float32(0.0)
-                a2 = np.float32(0.0)
-                a3 = np.float32(0.0)
-                for d in range(D):
-                    kd = dtypes.widen(k[b, h, j0 + j, d])
-                    a0 += qf[q0 + d] * kd
-                    a1 += qf[q1 + d] * kd
-                    a2 += qf[q2 + d] * kd
-                    a3 += qf[q3 + d] * kd
-                s[r * n + j] = a0
-                s[(r + 1) * n + j] = a1
-                s[(r + 2) * n + j] = a2
-                s[(r + 3) * n + j] = a3
-            r += 4
-        while r + 2 <= R:
-            q0 = r * D
-            q1 = q0 + D
-            for j in range(n):
-                a0 = np.float32(0.0)
-                a1 = np.float32(0.0)
-                for d in range(D):
-                    kd = dtypes.widen(k[b, h, j0 + j, d])
-                    a0 += qf[q0 + d] * kd
-                    a1 += qf[q1 + d] * kd
-                s[r * n + j] = a0
-                s[(r + 1) * n + j] = a1
-            r += 2
-        while r < R:
-            q0 = r * D
-            for j in range(n):
-                acc = np.float32(0.0)
-                for d in range(D):
-                    acc += qf[q0 + d] * dtypes.widen(k[b, h, j0 + j, d])
-                s[r * n + j] = acc
-            r += 1
+        return
+    # decode: 4 query rows x 2 keys share every K element loaded (8 vector accumulators over d,
+    # 6 loads per 8 FMAs); leftover rows one at a time
+    ub = np.uint64(b)
+    uh = np.uint64(h)
+    uD = np.uint64(D)
+    un = np.uint64(n)
+    n2 = n - n % 2
+    r = 0
+    while r + 4 <= R:
+        q0 = np.uint64(r * D)
+        q1 = q0 + uD
+        q2 = q1 + uD
+        q3 = q2 + uD
+        s0 = np.uint64(r * n)
+        s1 = s0 + un
+        s2 = s1 + un
+        s3 = s2 + un
+        for jj in range(0, n2, 2):
+            if r == 0:
+                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS)
+                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS + 1)
+            j = np.uint64(jj)
+            ja = np.uint64(j0 + jj)
+            jb = ja + np.uint64(1)
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            c0 = np.float32(0.0)
+            c1 = np.float32(0.0)
+            c2 = np.float32(0.0)
+            c3 = np.float32(0.0)
+            for d in range(uD):
+                kd = dtypes.widen(k[ub, uh, ja, d])
+                ke = dtypes.widen(k[ub, uh, jb, d])
+                x0 = qf[q0 + d]
+                x1 = qf[q1 + d]
+                x2 = qf[q2 + d]
+                x3 = qf[q3 + d]
+                a0 += x0 * kd
+                a1 += x1 * kd
+                a2 += x2 * kd
+                a3 += x3 * kd
+                c0 += x0 * ke
+                c1 += x1 * ke
+                c2 += x2 * ke
+                c3 += x3 * ke
+            s[s0 + j] = a0
+            s[s1 + j] = a1
+            s[s2 + j] = a2
+            s[s3 + j] = a3
+            j += np.uint64(1)
+            s[s0 + j] = c0
+            s[s1 + j] = c1
+            s[s2 + j] = c2
+            s[s3 + j] = c3
+        if n2 < n:
+            j = np.uint64(n2)
+            ja = np.uint64(j0 + n2)
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for d in range(uD):
+                kd = dtypes.widen(k[ub, uh, ja, d])
+                a0 += qf[q0 + d] * kd
+                a1 += qf[q1 + d] * kd
+                a2 += qf[q2 + d] * kd
+                a3 += qf[q3 + d] * kd
+            s[s0 + j] = a0
+            s[s1 + j] = a1
+            s[s2 + j] = a2
+            s[s3 + j] = a3
+        r += 4
+    while r < R:
+        q0 = np.uint64(r * D)
+        s0 = np.uint64(r * n)
+        for jj in range(0, n2, 2):
+            if r == 0:  # R < 4: this row leads
+                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS)
+                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS + 1)
+            ja = np.uint64(j0 + jj)
+            jb = ja + np.uint64(1)
+            a0 = np.float32(0.0)
+            c0 = np.float32(0.0)
+            for d in range(uD):
+                x0 = qf[q0 + d]
+                a0 += x0 * dtypes.widen(k[ub, uh, ja, d])
+                c0 += x0 * dtypes.widen(k[ub, uh, jb, d])
+            s[s0 + np.uint64(jj)] = a0
+            s[s0 + np.uint64(jj + 1)] = c0
+        if n2 < n:
+            ja = np.uint64(j0 + n2)
+            a0 = np.float32(0.0)
+            for d in range(uD):
+                a0 += qf[q0 + d] * dtypes.widen(k[ub, uh, ja, d])
+            s[s0 + np.uint64(n2)] = a0
+        r += 1
 
 
 @device
@@ -206,66 +235,77 @@ def tile_pv(p, R, n, v, b, h, j0, o, vf, use_gemm, nmax):
     if use_gemm:
         vt = f32_tile(v, b, h, j0, n, vf)
         np.dot(p[: R * n].reshape((R, n)), vt, o[: R * Dv].reshape((R, Dv)))
-    else:
-        for i in range(R * Dv):
-            o[i] = np.float32(0.0)
-        # decode: 4 keys per pass over a row of o (one load/store of o per 4 FMAs); fp32 adds
-        # in key order per element, as a single accumulator would do them
-        j4 = nmax - nmax % 4
-        r2 = R - R % 2
-        for r in range(0, r2, 2):  # 2 rows x 4 keys: 6 loads and 2 stores per 8 FMAs
-            base = r * Dv
-            pb = r * n
-            for j in range(0, j4, 4):
-                p0 = p[pb + j]
-                p1 = p[pb + j + 1]
-                p2 = p[pb + j + 2]
-                p3 = p[pb + j + 3]
-                e0 = p[pb + n + j]
-                e1 = p[pb + n + j + 1]
-                e2 = p[pb + n + j + 2]
-                e3 = p[pb + n + j + 3]
-                for c in range(Dv):
-                    w0 = dtypes.widen(v[b, h, j0 + j, c])
-                    w1 = dtypes.widen(v[b, h, j0 + j + 1, c])
-                    w2 = dtypes.widen(v[b, h, j0 + j + 2, c])
-                    w3 = dtypes.widen(v[b, h, j0 + j + 3, c])
-                    acc = o[base + c]
-                    acc += p0 * w0
-                    acc += p1 * w1
-                    acc += p2 * w2
-                    acc += p3 * w3
-                    o[base + c] = acc
-                    acc2 = o[base + Dv + c]
-                    acc2 += e0 * w0
-                    acc2 += e1 * w1
-                    acc2 += e2 * w2
-                    acc2 += e3 * w3
-                    o[base + Dv + c] = acc2
-            for rr in range(r, r + 2):
-                for j in range(j4, nmax):
-                    pr = p[rr * n + j]
-                    for c in range(Dv):
-                        o[rr * Dv + c] += pr * dtypes.widen(v[b, h, j0 + j, c])
-        for r in range(r2, R):
-            base = r * Dv
-            pb = r * n
-            for j in range(0, j4, 4):
-                p0 = p[pb + j]
-                p1 = p[pb + j + 1]
-                p2 = p[pb + j + 2]
-                p3 = p[pb + j + 3]
-                for c in range(Dv):
-                    acc = o[base + c]
-                    acc += p0 * dtypes.widen(v[b, h, j0 + j, c])
-                    acc += p1 * dtypes.widen(v[b, h, j0 + j + 1, c])
-                    acc += p2 * dtypes.widen(v[b, h, j0 + j + 2, c])
-                    acc += p3 * dtypes.widen(v[b, h, j0 + j + 3, c])
-                    o[base + c] = acc
-            for j in range(j4, nmax):
-                pr = p[pb + j]
-                for c in range(Dv):
-                    o[base + c] += pr * dtypes.widen(v[b, h, j0 + j, c])
+        return
+    for i in range(R * Dv):
+        o[i] = np.float32(0.0)
+    # decode: 4 rows x 4 keys per pass over the O rows (4 V loads, 4 O loads and stores per 16
+    # FMAs, vectorised over c); leftover rows one at a time
+    ub = np.uint64(b)
+    uh = np.uint64(h)
+    uDv = np.uint64(Dv)
+    j4 = nmax - nmax % 4
+    r = 0
+    while r + 4 <= R:
+        o0 = np.uint64(r * Dv)
+        o1 = o0 + uDv
+        o2 = o1 + uDv
+        o3 = o2 + uDv
+        pr = r * n
+        for jj in range(0, j4, 4):
+            if r == 0:
+                for e in range(4):
+                    prefetch_row(v, b, h, j0 + jj + PREFETCH_ROWS + e)
+            ja = np.uint64(j0 + jj)
+            jb = ja + np.uint64(1)
+            jc = ja + np.uint64(2)
+            jd = ja + np.uint64(3)
+            a0, a1, a2, a3 = p[pr + jj], p[pr + jj + 1], p[pr + jj + 2], p[pr + jj + 3]
+            q = pr + n
+            b0, b1, b2, b3 = p[q + jj], p[q + jj + 1], p[q + jj + 2], p[q + jj + 3]
+            q += n
+            c0, c1, c2, c3 = p[q + jj], p[q + jj + 1], p[q + jj + 2], p[q + jj + 3]
+            q += n
+            d0, d1, d2, d3 = p[q + jj], p[q + jj + 1], p[q + jj + 2], p[q + jj + 3]
+            for c in range(uDv):
+                w = dtypes.widen(v[ub, uh, ja, c])
+                x = dtypes.widen(v[ub, uh, jb, c])
+                y = dtypes.widen(v[ub, uh, jc, c])
+                z = dtypes.widen(v[ub, uh, jd, c])
+                o[o0 + c] += (a0 * w + a1 * x) + (a2 * y + a3 * z)
+                o[o1 + c] += (b0 * w + b1 * x) + (b2 * y + b3 * z)
+                o[o2 + c] += (c0 * w + c1 * x) + (c2 * y + c3 * z)
+                o[o3 + c] += (d0 * w + d1 * x) + (d2 * y + d3 * z)
+        for jj in range(j4, nmax):
+            ja = np.uint64(j0 + jj)
+            a0, b0, c0, d0 = p[pr + jj], p[pr + n + jj], p[pr + 2 * n + jj], p[pr + 3 * n + jj]
+            for c in range(uDv):
+                w = dtypes.widen(v[ub, uh, ja, c])
+                o[o0 + c] += a0 * w
+                o[o1 + c] += b0 * w
+                o[o2 + c] += c0 * w
+                o[o3 + c] += d0 * w
+        r += 4
+    while r < R:
+        o0 = np.uint64(r * Dv)
+        pr = r * n
+        for jj in range(0, j4, 4):
+            if r == 0:  # R < 4: this row leads
+                for e in range(4):
+                    prefetch_row(v, b, h, j0 + jj + PREFETCH_ROWS + e)
+            ja = np.uint64(j0 + jj)
+            jb = ja + np.uint64(1)
+            jc = ja + np.uint64(2)
+            jd = ja + np.uint64(3)
+            a0, a1, a2, a3 = p[pr + jj], p[pr + jj + 1], p[pr + jj + 2], p[pr + jj + 3]
+            for c in range(uDv):
+                o[o0 + c] += ((a0 * dtypes.widen(v[ub, uh, ja, c]) + a1 * dtypes.widen(v[ub, uh, jb, c]))
+                              + (a2 * dtypes.widen(v[ub, uh, jc, c]) + a3 * dtypes.widen(v[ub, uh, jd, c])))
+        for jj in range(j4, nmax):
+            ja = np.uint64(j0 + jj)
+            a0 = p[pr + jj]
+            for c in range(uDv):
+                o[o0 + c] += a0 * dtypes.widen(v[ub, uh, ja, c])
+        r += 1
 
 
 @device
@@ -280,7 +320,7 @@ def allowed_keys(b, i, Sq, Skv, kv_len, causal):
 
 @device
 def row_max(s, base, c):
-    """max of s[base:base+c] (-inf for c == 0) with 8 independent partial maxima.
+    """max of s[base:base+c] (``base`` uint64) (-inf for c == 0) with 8 independent partial maxima.
 
     A single running max is a serial compare/select chain that LLVM does not vectorise without
     the ``nnan`` flag (which pypto_numba never uses); 8 chains keep the pipeline busy.
@@ -293,17 +333,27 @@ def row_max(s, base, c):
     m5 = NEG_INF
     m6 = NEG_INF
     m7 = NEG_INF
-    c8 = c - c % 8
-    for j in range(base, base + c8, 8):
+    c8 = np.uint64(c - c % 8)
+    u = np.uint64(1)
+    for jj in range(np.uint64(0), c8, np.uint64(8)):
+        j = base + jj
         m0 = s[j] if s[j] > m0 else m0
-        m1 = s[j + 1] if s[j + 1] > m1 else m1
-        m2 = s[j + 2] if s[j + 2] > m2 else m2
-        m3 = s[j + 3] if s[j + 3] > m3 else m3
-        m4 = s[j + 4] if s[j + 4] > m4 else m4
-        m5 = s[j + 5] if s[j + 5] > m5 else m5
-        m6 = s[j + 6] if s[j + 6] > m6 else m6
-        m7 = s[j + 7] if s[j + 7] > m7 else m7
-    for j in range(base + c8, base + c):
+        j += u
+        m1 = s[j] if s[j] > m1 else m1
+        j += u
+        m2 = s[j] if s[j] > m2 else m2
+        j += u
+        m3 = s[j] if s[j] > m3 else m3
+        j += u
+        m4 = s[j] if s[j] > m4 else m4
+        j += u
+        m5 = s[j] if s[j] > m5 else m5
+        j += u
+        m6 = s[j] if s[j] > m6 else m6
+        j += u
+        m7 = s[j] if s[j] > m7 else m7
+    for jj in range(c8, np.uint64(c)):
+        j = base + jj
         m0 = s[j] if s[j] > m0 else m0
     m0 = m1 if m1 > m0 else m0
     m2 = m3 if m3 > m2 else m2
@@ -329,39 +379,41 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
         c = allowed_keys(b, i, Sq, Skv, kv_len, causal) - j0
         c = max(min(c, n), 0)
         nmax = max(nmax, c)
-        base = r * n
+        base = np.uint64(r * n)  # the row in the flat tiles (uint64: vectorised loops)
+        uc = np.uint64(c)
         if has_mask:
             mbase = b * msb + (kvh * G + g) * msh + i * msi + j0 * msj
             for j in range(c):
-                s[base + j] = s[base + j] * scale + mask[mbase + j * msj]
+                s[base + np.uint64(j)] = s[base + np.uint64(j)] * scale + mask[mbase + j * msj]
         else:
-            for j in range(c):
+            for j in range(uc):
                 s[base + j] = s[base + j] * scale
         m = row_max(s, base, c)
         total = np.float32(0.0)
         if m == NEG_INF:  # no allowed key in this tile (or all -inf through the mask)
             c = 0
+            uc = np.uint64(0)
         elif pv_mode == 2:
-            for j in range(c):
+            for j in range(uc):
                 e = vexp(s[base + j] - m)
                 total += e
                 ph[base + j] = e
         elif pv_mode == 1:
-            for j in range(c):
+            for j in range(uc):
                 e = vexp(s[base + j] - m)
                 total += e
                 hi = dtypes.round_as(like, e)
                 ph[base + j] = hi
                 pl[base + j] = dtypes.round_as(like, e - hi)
         else:
-            for j in range(c):
+            for j in range(uc):
                 e = vexp(s[base + j] - m)
                 total += e
                 ph[base + j] = dtypes.round_as(like, e)
-        for j in range(c, n):
+        for j in range(uc, np.uint64(n)):
             ph[base + j] = np.float32(0.0)
         if pv_mode == 1:
-            for j in range(c, n):
+            for j in range(uc, np.uint64(n)):
                 pl[base + j] = np.float32(0.0)
         mt[r] = m
         lt[r] = total
@@ -379,8 +431,8 @@ def merge_state(ms, ls, os, mt, lt, ot, R, Dv):
         c = vexp(mt[r] - m_new)
         ls[r] = a * ls[r] + c * lt[r]
         ms[r] = m_new
-        base = r * Dv
-        for d in range(Dv):
+        base = np.uint64(r * Dv)
+        for d in range(np.uint64(Dv)):
             os[base + d] = a * os[base + d] + c * ot[base + d]
 
 

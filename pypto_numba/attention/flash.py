@@ -31,6 +31,7 @@ from .. import inputs
 from ..errors import ConstraintError
 from ..machine import dtypes, tile
 from ..machine.jit import kernel
+from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
 from ..strategy import Launch, register
@@ -206,6 +207,7 @@ def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
     return T
 
 
+@memo_plan
 def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_tile=None,
                kv_tile=None, num_splits=None, return_lse=False, causal=False, kv_len=None,
                has_mask=False, gqa="head_loop") -> Plan:

@@ -28,6 +28,7 @@ from numba import prange
 from .. import inputs
 from ..machine import dtypes, tile
 from ..machine.jit import kernel
+from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
 from ..strategy import Launch, register
@@ -123,6 +124,7 @@ def scratch_elems(Rmax, D, Dv, kv_tile):
     return Rmax * D + 3 * Rmax * kv_tile + kv_tile * max(D, Dv) + 2 * Rmax * Dv + 2 * Rmax
 
 
+@memo_plan
 def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, kv_tile=None,
                 q_tile=None, pv="storage", causal=False, kv_len=None, has_mask=False,
                 gqa="head_loop") -> Plan:

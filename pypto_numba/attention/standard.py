@@ -25,6 +25,7 @@ from numba import prange
 from ..errors import TileError
 from ..machine import dtypes, tile
 from ..machine.jit import kernel
+from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan
 from ..machine.profile import load_profile
 from ..strategy import Launch, register
@@ -179,6 +180,7 @@ def _pv_kernel(p_ws, v, out, qt, gemm_rows, scratch):
     return tasks, gm_read, gm_write, vector_ops, cube_flops
 
 
+@memo_plan
 def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, causal=False,
                   kv_len=None, has_mask=False, gqa="head_loop") -> Plan:
     """Plan of :func:`standard`; TileError when a whole score row does not fit UB."""
