@@ -15,7 +15,12 @@ Numba rules measured while building the kernels (each cost 2-7x when broken):
 
 - index with unsigned offsets (``o = np.uint64(start); x[o + i]``) or loop over a slice: a signed
   index whose sign LLVM cannot prove (``for i in range(start, stop): x[i]``) keeps numba's
-  negative-index wraparound select and the loop does not vectorise;
+  negative-index wraparound select and the loop does not vectorise; this holds for every index
+  of a multi-dimensional access too (``k[ub, uh, uj, d]`` with all four uint64 vectorises);
+- never mix uint64 and int64 in arithmetic (numba gives float64), and ``u + 1`` with a uint64
+  ``u`` is int64 again: write ``u + np.uint64(1)``;
+- no array slice per element row in a hot loop: each slice updates the parent's reference count
+  atomically, and two threads doing that on the same array bounce its cache line;
 - a loop vectorises only with <= 8 runtime alias checks: one output and a few inputs per loop;
 - ``reassoc`` lets LLVM fold a two-step exponent scaling into one overflowing constant, so
   ``machine/vmath.py`` compiles with ``contract`` only (the flags travel with each instruction
@@ -27,6 +32,10 @@ Numba rules measured while building the kernels (each cost 2-7x when broken):
   ~40x slower;
 - a fresh multi-MiB output costs page faults comparable to the kernel itself: benchmarks that
   compare bandwidth pass ``out=`` where the op offers it.
+- 512-bit vectors (``NUMBA_CPU_FEATURES=...,-prefer-256-bit``) measured slower than LLVM's 256-bit
+  default on the attention tiles (D=128 rows are too short to amortise them);
+- the on-disk cache is keyed on the kernel's own source file: after editing a ``@device`` helper
+  in another module, clear ``NUMBA_CACHE_DIR`` (or a stale kernel is loaded silently).
 """
 
 from __future__ import annotations
