@@ -133,7 +133,11 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
     return tasks, gm_read, gm_write, vector_ops, cube_flops
 
 
-@kernel
+# The combine is a separate NPU kernel (counted as one), but on the CPU it runs on the calling
+# thread: it touches num_splits*B*Hq*Sq*(Dv+2) floats (split-KV only runs when there are fewer
+# blocks than cores, so a few KiB), and a parallel region costs a wake-up of the other thread,
+# measured at 10-16 ms on a loaded 2-core host (a whole decode step).
+@kernel(parallel=False)
 def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
     n_split = part_m.shape[0]
     B, Hq, Sq, Dv = out.shape
