@@ -54,7 +54,7 @@ GQA_MODES = ("head_loop", "expand_clone")
 PV_MODES = ("storage", "compensated", "fp32")
 PV_CODE = {"storage": 0, "compensated": 1, "fp32": 2}
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows use np.dot (BLAS) for QK^T and PV
-PREFETCH_ROWS = 16  # decode loops prefetch the K/V row this many keys ahead (8 KiB in fp32, D=128)
+PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
 NEG_INF = np.float32(-np.inf)
 
 # vector element-ops per (row, key) of a processed tile: scale, max, sub, exp, sum, cast of P;
