@@ -86,8 +86,9 @@ def prefetch(typingctx, a, idx):
 
     The CPU's side of the NPU's double buffering (the MTE loads tile t+1 while the cube and
     vector units work on tile t): a streaming kernel that computes between loads keeps more
-    cache-line fills in flight this way than the hardware prefetcher alone (measured +20-35 %
-    on the attention decode loops with 2 threads). A prefetch never faults and changes nothing.
+    cache-line fills in flight this way than the hardware prefetcher alone (+20-35 % on a
+    QK^T streaming loop with 2 threads, measured on the loaded host). A prefetch never faults
+    and changes no result.
     """
     if not isinstance(a, types.Array) or not isinstance(idx, types.Integer):
         return None
