@@ -1,4 +1,4 @@
-"""The ``pypto-numba`` command line: ``profiles``, ``compare``, ``advise``.
+"""The ``pypto-numba`` command line: ``profiles``, ``compare``, ``advise``, ``report``.
 
 ``pypto-numba compare`` with no op runs every op's default scenario and prints one table per op:
 the main job. ``pypto-numba compare gelu --shape 8,11008 --dtype bf16`` compares one op.
@@ -90,6 +90,12 @@ def _advise(args, extra) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from .report import generate
+
+    return generate(args.out, measure_runs=not args.no_measure, check=args.check, repeats=args.repeats)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pypto-numba", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=_advise, takes_extra=True)
+
+    p = sub.add_parser(
+        "report", help="regenerate the strategy pages (strategies/*.md, charts) or check them",
+        description="Regenerates strategy-comparison.md, one page per op and the SVG charts from "
+                    "<out>/scenarios.toml. --check regenerates the plan-derived content only (no kernel "
+                    "runs) and exits 1 when the pages differ outside their measured sections.")
+    p.add_argument("--out", default="strategies", help="folder with scenarios.toml and the pages (default: strategies)")
+    p.add_argument("--check", action="store_true", help="verify the committed pages instead of writing them")
+    p.add_argument("--no-measure", action="store_true",
+                   help="skip the compare() runs; keep the measured sections already on disk")
+    p.add_argument("--repeats", type=int, default=3, help="warm runs timed per strategy (median)")
+    p.set_defaults(func=_report)
     return parser
 
 
