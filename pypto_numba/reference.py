@@ -124,16 +124,19 @@ def attention(q, k, v, scale=None, causal=False, kv_len=None, mask=None, return_
         limit = i[None, :, None] + (lens[:, None, None] - Sq)  # [B, Sq, 1]
         allowed = allowed & (j[None, None, :] <= limit)[:, None, :, :]
     s = np.where(allowed, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    dead = ~np.isfinite(m)
+    m = s.max(axis=-1, keepdims=True)  # NaN when an allowed score is NaN: the row is NaN
+    dead = m == -np.inf  # no allowed key: zeros
     p = np.exp(s - np.where(dead, 0.0, m))
     p = np.where(allowed, p, 0.0)
     l = p.sum(axis=-1, keepdims=True)
+    # keys past kv_len are ignored: whatever V holds there (NaN, inf) must not reach 0 * V
+    v = np.where((j[None, :] < lens[:, None])[:, None, :, None], v, 0.0)
     out = np.einsum("bhqk,bhkd->bhqd", p / np.where(l > 0, l, 1.0), v)
-    out = np.where(l > 0, out, 0.0)
+    out = np.where((l > 0) | np.isnan(l), out, 0.0)
     if return_lse:
         with np.errstate(divide="ignore"):
             lse = np.where(l[..., 0] > 0, np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)) + np.where(dead[..., 0], 0.0, m[..., 0]), -np.inf)
+            lse = np.where(np.isnan(l[..., 0]), np.nan, lse)
         return out, lse
     return out
 

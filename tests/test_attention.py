@@ -335,3 +335,56 @@ def test_bad_pv_and_splits(rng):
         online(q, k, v, pv="bf16")
     with pytest.raises(TileError, match="num_splits"):
         flash(q, k, v, num_splits=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# NaN and garbage: a NaN query row is NaN (not a "masked" zero row), and whatever the cache holds
+# past kv_len (a slot never written: NaN, inf) does not reach the output
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("Sq", [1, 20])  # decode loops and the np.dot (>= 16-row) tile path
+def test_nan_query_row_is_nan(name, Sq, rng):
+    q, k, v = inputs(rng, 1, 2, 1, Sq, 70, 16, "fp32")
+    q[0, 1, Sq - 1, 3] = np.nan
+    out = STRATEGIES[name](q, k, v)
+    ref = reference.attention(q, k, v)
+    assert np.all(np.isnan(out[0, 1, Sq - 1])) and np.all(np.isnan(ref[0, 1, Sq - 1]))
+    ok = np.ones(out.shape[:3], bool)
+    ok[0, 1, Sq - 1] = False
+    np.testing.assert_allclose(out[ok], ref[ok], rtol=0, atol=ATOL["fp32"])
+
+
+def test_nan_query_row_lse_and_split_kv(rng):
+    q, k, v = inputs(rng, 1, 4, 1, 1, 300, 16, "fp32")
+    q[0, 2, 0, 0] = np.nan
+    out, lse = flash(q, k, v, kv_tile=32, num_splits=4, return_lse=True)
+    assert np.all(np.isnan(out[0, 2])) and np.isnan(lse[0, 2, 0])
+    assert np.all(np.isfinite(out[0, [0, 1, 3]])) and np.all(np.isfinite(lse[0, [0, 1, 3]]))
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("Sq", [1, 20])
+def test_cache_past_kv_len_is_ignored(name, Sq, dtype, rng):
+    B, Skv = 2, 150
+    q, k, v = inputs(rng, B, 4, 2, Sq, Skv, 32, dtype)
+    kv_len = np.array([150, 97])
+    k[1, :, 97:] = np.nan
+    v[1, :, 97:] = np.inf
+    v[1, :, 120] = np.nan
+    out, rec = run_traced(STRATEGIES[name], q, k, v, kv_len=kv_len, causal=Sq > 1)
+    ref = reference.attention(q, k, v, kv_len=kv_len, causal=Sq > 1)
+    check(out, ref, dtype)
+    assert_cost_matches_plan(rec)
+
+
+def test_num_splits_is_capped_at_the_tile_count(rng):
+    q, k, v = inputs(rng, 1, 2, 1, 1, 100, 16, "fp32")
+    p = plan_flash(q.shape, k.shape, None, "fp32", kv_tile=32, num_splits=2**62)
+    assert p.params["num_splits"] == 4  # ceil(100 / 32) tiles
+    check(flash(q, k, v, kv_tile=32, num_splits=1000), reference.attention(q, k, v), "fp32")
+
+
+def test_standard_refuses_a_score_workspace_over_int32():
+    with pytest.raises(ConstraintError, match=r"score workspace.*INT32_MAX.*attention.online"):
+        plan_standard((1, 16, 16384, 64), (1, 16, 16384, 64))

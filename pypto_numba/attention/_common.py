@@ -233,8 +233,18 @@ def tile_pv(p, R, n, v, b, h, j0, o, vf, use_gemm, nmax):
     """
     Dv = v.shape[3]
     if use_gemm:
-        vt = f32_tile(v, b, h, j0, n, vf)
-        np.dot(p[: R * n].reshape((R, n)), vt, o[: R * Dv].reshape((R, Dv)))
+        # only the nmax keys some row may attend: V past kv_len may hold anything (a cache slot
+        # never written), and 0 * inf would be NaN. Pack p[:, :nmax] in place (rows move down).
+        if nmax == 0:
+            for i in range(R * Dv):
+                o[i] = np.float32(0.0)
+            return
+        if nmax < n:
+            for r in range(R):
+                for j in range(nmax):
+                    p[r * nmax + j] = p[r * n + j]
+        vt = f32_tile(v, b, h, j0, nmax, vf)
+        np.dot(p[: R * nmax].reshape((R, nmax)), vt, o[: R * Dv].reshape((R, Dv)))
         return
     for i in range(R * Dv):
         o[i] = np.float32(0.0)
@@ -390,6 +400,11 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                 s[base + j] = s[base + j] * scale
         m = row_max(s, base, c)
         total = np.float32(0.0)
+        if m == NEG_INF:  # all allowed scores -inf, or NaN (the max skips NaN): NaN propagates
+            for j in range(uc):
+                if s[base + j] != s[base + j]:
+                    m = np.float32(np.nan)
+                    break
         if m == NEG_INF:  # no allowed key in this tile (or all -inf through the mask)
             c = 0
             uc = np.uint64(0)
@@ -425,6 +440,8 @@ def merge_state(ms, ls, os, mt, lt, ot, R, Dv):
     """Online-softmax merge of a tile (mt, lt, ot) into the state (ms, ls, os), in place."""
     for r in range(R):
         m_new = max(ms[r], mt[r])
+        if mt[r] != mt[r] or ms[r] != ms[r]:  # max() drops NaN: a NaN tile max must reach the state
+            m_new = np.float32(np.nan)
         if m_new == NEG_INF:
             continue
         a = vexp(ms[r] - m_new)
@@ -465,7 +482,10 @@ def write_lse(ms, ls, R, lse, b, kvh, G, i0, qv):
         g = r // qv
         ii = r - g * qv
         l = ls[r]
-        lse[b, kvh * G + g, i0 + ii] = ms[r] + np.float32(math.log(l)) if l > 0 else NEG_INF
+        if l != l:
+            lse[b, kvh * G + g, i0 + ii] = l  # NaN row
+        else:
+            lse[b, kvh * G + g, i0 + ii] = ms[r] + np.float32(math.log(l)) if l > 0 else NEG_INF
 
 
 @device

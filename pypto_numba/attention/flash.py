@@ -162,7 +162,10 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
             h = kvh * G + g
             m = C.NEG_INF
             for sp in range(n_split):
-                m = max(m, part_m[sp, blk, r])
+                pm = part_m[sp, blk, r]
+                m = pm if pm != pm else max(m, pm)  # a NaN split max makes the row NaN
+                if m != m:
+                    break
             l = np.float32(0.0)
             if m == C.NEG_INF:
                 for d in range(Dv):
@@ -180,7 +183,7 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
                     o += w * part_o[sp, blk, r * Dv + d]
                 out[b, h, i0 + ii, d] = dtypes.narrow(out, o * inv)
             if want_lse:
-                lse[b, h, i0 + ii] = m + np.float32(np.log(l))
+                lse[b, h, i0 + ii] = m + np.float32(np.log(l)) if m == m else m
         gm_read += n_split * R * (Dv + 2) * 4
         gm_write += R * Dv * b_sz
         vector_ops += R * (n_split * (COMBINE_ROW_OPS + COMBINE_ELEM_OPS * Dv) + C.FINAL_ELEM_OPS * Dv)
@@ -256,7 +259,8 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
     if num_splits is None:
         n_split = max(1, min(prof.cube_cores // blocks, n_t)) if blocks < prof.cube_cores else 1
     else:
-        n_split = inputs.positive_int(num_splits, "num_splits", where)
+        # more splits than KV tiles would only add empty ones: capped at the tile count
+        n_split = min(inputs.positive_int(num_splits, "num_splits", where), max(1, n_t))
     b = dtypes.itemsize(dtype)
     Rmax = G * qt
 

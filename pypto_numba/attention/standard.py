@@ -22,7 +22,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..errors import TileError
+from .. import inputs
+from ..errors import ConstraintError, TileError
 from ..machine import dtypes, tile
 from ..machine.jit import kernel
 from ..machine.memo import memo_plan
@@ -103,6 +104,11 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
                 x += mask[mbase + j * msj]
             srow[j] = x
             m = max(m, x)
+        if m == C.NEG_INF:  # all allowed scores -inf, or NaN (max skips NaN): NaN propagates
+            for j in range(c):
+                if srow[j] != srow[j]:
+                    m = np.float32(np.nan)
+                    break
         if m == C.NEG_INF:
             for j in range(Skv):
                 prow[j] = dtypes.narrow(prow, np.float32(0.0))
@@ -127,7 +133,7 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
 
 
 @kernel
-def _pv_kernel(p_ws, v, out, qt, gemm_rows, scratch):
+def _pv_kernel(p_ws, v, out, kv_len, causal, qt, gemm_rows, scratch):
     B, Hq, Sq, Skv = p_ws.shape
     Hkv = v.shape[1]
     Dv = v.shape[3]
@@ -157,6 +163,10 @@ def _pv_kernel(p_ws, v, out, qt, gemm_rows, scratch):
             R = G * qv
             for i in range(R * Dv):
                 acc[i] = np.float32(0.0)
+            # keys past the block's allowed prefix have P = 0 and V there may be anything (a
+            # cache slot past kv_len): the matmul stops at the prefix (the traffic is counted
+            # as the whole-row kernel's)
+            lim = C.allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
             for j0 in range(0, Skv, CHUNK):
                 n = min(CHUNK, Skv - j0)
                 for r in range(R):
@@ -164,7 +174,7 @@ def _pv_kernel(p_ws, v, out, qt, gemm_rows, scratch):
                     ii = r - g * qv
                     for j in range(n):
                         pf[r * n + j] = dtypes.widen(p_ws[b, kvh * G + g, i0 + ii, j0 + j])
-                C.tile_pv(pf, R, n, v, b, kvh, j0, ot, vf, R >= gemm_rows, n)
+                C.tile_pv(pf, R, n, v, b, kvh, j0, ot, vf, R >= gemm_rows, max(0, min(n, lim - j0)))
                 for i in range(R * Dv):
                     acc[i] += ot[i]  # L0C accumulation across K steps (fp32)
                 gm_read += R * n * b_sz + n * Dv * b_sz
@@ -198,6 +208,10 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
     b = dtypes.itemsize(dtype)
     rows = B * Hq * Sq
     hint = "use attention.online or attention.flash (they tile the KV axis)"
+    try:  # the scores and P live in GM workspace: one PyPTO tensor [B, Hq, Sq, Skv]
+        inputs.check_size((B, Hq, Sq, Skv), "the score workspace [B, Hq, Sq, Skv]", where)
+    except ConstraintError as exc:
+        raise ConstraintError(f"{exc}; or {hint}") from None
     row_ub = [
         C.ub_tile("score_row_ub", 1, Skv, "fp32", prof),
         C.ub_tile("exp_row_ub", 1, Skv, "fp32", prof),
@@ -261,6 +275,6 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
                                   a.mask_flat, msb, msh, msi, msj), workspace_bytes=p_ws.nbytes)
         sc3 = tile.scratch(Rmax * CHUNK + 2 * Rmax * a.Dv + CHUNK * a.Dv, np.float32)
         with C.kernel_context() as blas:
-            run.count(_pv_kernel(p_ws, vk, out_k, qt, blas.gemm_rows, sc3))
+            run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, blas.gemm_rows, sc3))
         run.workspace(a.copied_bytes)
     return out
