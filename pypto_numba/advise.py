@@ -85,8 +85,11 @@ def _decide(op: str, scenario: dict, profile, candidates, seed_choice: str = Non
         cost, seconds, bound = _total(plans)
         ranked.append((cand, cost, seconds, bound))
     if not ranked:
-        raise TileError(f"advise {op}: no strategy fits {prof.name} for {scenario}: "
-                        + "; ".join(f"{k}: {v}" for k, v in rejected.items()))
+        # every candidate broke a PyPTO constraint (e.g. top_k out of range): that is the error;
+        # any buffer that does not fit makes it a TileError
+        kind = ConstraintError if all(v.startswith("ConstraintError") for v in rejected.values()) else TileError
+        raise kind(f"advise {op}: no strategy fits {prof.name} for {scenario}: "
+                   + "; ".join(f"{k}: {v}" for k, v in rejected.items()))
     ranked.sort(key=lambda r: r[2])
     best_time = ranked[0][2]
     ties = [r for r in ranked if r[2] <= best_time * (1 + TIE)]
@@ -182,7 +185,10 @@ def _repeat_kv(profile, batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=4096, h
     from .attention import plan_flash, plan_online
 
     q, k = _attention_shapes(batch, q_heads, kv_heads, q_len, kv_len, head_dim)
-    plan = {"online": plan_online, "flash": plan_flash}[strategy]
+    plans = {"online": plan_online, "flash": plan_flash}
+    if strategy not in plans:
+        raise PyptoNumbaError(f"advise repeat_kv: strategy must be one of {tuple(plans)}, got {strategy!r}")
+    plan = plans[strategy]
     cands = [
         Candidate("expand_clone", lambda: (plan(q, k, None, dtype, profile=profile, gqa="expand_clone"),), fused=False),
         Candidate("head_loop", lambda: (plan(q, k, None, dtype, profile=profile, gqa="head_loop"),)),

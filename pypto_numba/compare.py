@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import numbers
 import statistics
 import time
 from typing import Callable
@@ -21,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from . import precision, reference
-from .errors import ConstraintError, PyptoNumbaError, ShapeError, TileError
+from .errors import ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
 from .machine import dtypes
 from .machine.cost import Cost
 from .strategy import strategies as registry
@@ -317,11 +318,19 @@ def compare(op: str, *inputs, strategies=None, policy=None, repeats: int = 5, pr
             raise PyptoNumbaError(
                 f"compare: {op} has no strategy {sorted(unknown)}; it has {[v.label for v in variants]}")
         variants = [v for v in variants if v.label in names]
+    if isinstance(repeats, (bool, np.bool_)) or not isinstance(repeats, numbers.Integral):
+        raise PyptoNumbaError(f"compare: repeats must be a positive int, got {repeats!r}")
+    policy = policy or c.policy
+    precision.tolerances(policy, "fp32")  # an unknown policy fails before anything runs
     if not inputs:
         inputs = make_inputs(op)
     arrays = [i for i in inputs if isinstance(i, np.ndarray)]
+    if not arrays:
+        raise DTypeError(
+            f"compare: {op} inputs must include numpy arrays, got {[type(i).__name__ for i in inputs]}; "
+            f"use numpy.asarray(x, dtype=numpy.float32)"
+        )
     dtype = dtypes.storage_name(arrays[0].dtype) or str(arrays[0].dtype)
-    policy = policy or c.policy
     rtol, atol = c.tolerances(dtype)
     rows = []
     prof_name = None

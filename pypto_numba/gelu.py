@@ -30,7 +30,7 @@ import numpy as np
 from numba import prange
 
 from . import inputs
-from .errors import ConstraintError
+from .errors import ConstraintError, DTypeError
 from .machine import dtypes, vmath
 from .machine.jit import device, kernel
 from .machine.plan import KernelPlan, Plan, vector_tile
@@ -140,7 +140,14 @@ def _plan(variant: str, shape, dtype: str, profile=None, tile=None, math="fp32")
     where = f"gelu.{variant}"
     if math not in MATHS:
         raise ConstraintError(f"{where}: math must be one of {MATHS}, got {math!r}")
-    n = int(np.prod(shape, dtype=np.int64))
+    name = dtypes.storage_name(dtype)
+    if name is None:
+        raise DTypeError(f"{where}: dtype {dtype!r} is not a storage dtype; use fp32, bf16 or fp16")
+    dtype = name
+    shape = tuple(int(d) for d in shape)
+    inputs.check_rank(shape, "x", where)
+    inputs.check_size(shape, "x", where)  # plans answer advise() too: same limits as the data path
+    n = _math.prod(shape)
     tile = prof.tile("gelu_tile") if tile is None else inputs.positive_int(tile, "tile", where)
     b = dtypes.itemsize(dtype)
     temps = 5 if variant == "erf" else (2 if dtype == "fp32" else 4)

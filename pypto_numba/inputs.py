@@ -47,6 +47,11 @@ def tensor(x, name: str, where: str, *, min_rank: int = 1, max_rank: int = None)
             f"{where}: {name} must be a numpy array of {ACCEPTED}, got {type(x).__name__}; "
             f"use numpy.asarray({name}, dtype=numpy.float32)"
         )
+    if isinstance(x, np.ma.MaskedArray):  # kernels read the data, so the mask would be ignored
+        raise DTypeError(
+            f"{where}: {name} is a numpy masked array; its mask would be ignored. Pass "
+            f"{name}.filled(value) (or numpy.asarray({name}) to use the data as it is)"
+        )
     kind = dtypes.storage_name(x.dtype)
     if kind is None:
         raise DTypeError(

@@ -542,6 +542,7 @@ def plan_combine(shape, dtype="fp32", *, weights_dtype="fp32", profile=None, tok
     h_tile = prof.tile("moe_combine_h_tile") if h_tile is None else inputs.positive_int(h_tile, "h_tile", where)
     b = dtypes.itemsize(dtype)
     h_ub = min(h_tile, align_elems(H, dtype, prof))  # a short H needs only its aligned length
+    h_tile = h_ub  # a larger h_tile is the whole (aligned) H: one task per token tile, scratch of H
     k32 = align_elems(K, "fp32", prof)
     per_h = tile * (K * b + 4 + b)  # expert tile + fp32 accumulator + output, per H element
     block = prof.align_bytes // b

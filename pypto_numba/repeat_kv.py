@@ -19,7 +19,7 @@ import numpy as np
 from numba import prange
 
 from . import inputs
-from .errors import ConstraintError
+from .errors import ConstraintError, DTypeError
 from .machine import dtypes
 from .machine.jit import kernel
 from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
@@ -72,8 +72,19 @@ def expand_kernel_plan(shape, n_rep: int, dtype: str, prof, name: str = "expand_
 
 def plan_expand_clone(shape, n_rep, dtype="fp32", *, profile=None) -> Plan:
     """Plan of :func:`expand_clone` for ``kv`` of ``shape`` [B, Hkv, S, D] (no data needed)."""
+    where = "repeat_kv.expand_clone"
     prof = load_profile(profile)
-    n_rep = inputs.positive_int(n_rep, "n_rep", "repeat_kv.expand_clone", error=ConstraintError)
+    name = dtypes.storage_name(dtype)
+    if name is None:
+        raise DTypeError(f"{where}: dtype {dtype!r} is not a storage dtype; use fp32, bf16 or fp16")
+    dtype = name
+    shape = tuple(int(d) for d in shape)
+    inputs.check_rank(shape, "kv", where, min_rank=4, max_rank=4)
+    inputs.check_size(shape, "kv", where)
+    n_rep = inputs.positive_int(n_rep, "n_rep", where, error=ConstraintError)
+    B, Hkv, S, D = shape
+    # the copy is n_rep times the input: checked here, before anything is allocated
+    inputs.check_size((B, Hkv * n_rep, S, D), "output [B, Hkv*n_rep, S, D]", where)
     k = expand_kernel_plan(shape, n_rep, dtype, prof)
     # the public function returns the copy: it is the result, not workspace
     k = KernelPlan(k.name, k.unit, k.tasks, k.buffers, k.gm_read_bytes, k.gm_write_bytes, 0)

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+import types
+
+import numpy as np
 
 from ..errors import TileError
 from .cost import Cost
@@ -118,6 +122,8 @@ class Plan:
 
     def __post_init__(self):
         object.__setattr__(self, "kernels", tuple(self.kernels))
+        # read-only: plans are shared between calls (machine/memo.py)
+        object.__setattr__(self, "params", types.MappingProxyType(dict(self.params)))
         for kernel in self.kernels:
             for level in LEVELS:
                 used = kernel.level_bytes(level)
@@ -188,12 +194,17 @@ def cube_tiles(tiles, a_dtype: str, b_dtype: str, profile: HardwareProfile, wher
     ``A16(mL1)*A16(kL1)*sizeof(a) + A16(nL1)*A16(kL1)*sizeof(b) <= L1``; with a bias,
     ``nL0*4 <= BT``. Returns the buffers (L1 A/B, L0A, L0B, L0C[, BT]).
     """
+    shape_msg = f"{where}: cube_tiles must be ((mL0, mL1), (kL0, kL1), (nL0, nL1)) of integers, got {tiles!r}"
     try:
-        (m0, m1), (k0, k1), (n0, n1) = ((int(a), int(b)) for a, b in tiles)
-    except (TypeError, ValueError):
-        raise TileError(
-            f"{where}: cube_tiles must be ((mL0, mL1), (kL0, kL1), (nL0, nL1)), got {tiles!r}"
-        ) from None
+        pairs = [tuple(p) for p in tiles]
+    except TypeError:
+        raise TileError(shape_msg) from None
+    if len(pairs) != 3 or any(len(p) != 2 for p in pairs):
+        raise TileError(shape_msg)
+    # int() would truncate 16.5 to 16 and read True as 1: only true integers are tile sizes
+    if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for p in pairs for v in p):
+        raise TileError(shape_msg)
+    (m0, m1), (k0, k1), (n0, n1) = ((int(a), int(b)) for a, b in pairs)
     a_size, b_size = ITEMSIZE[a_dtype], ITEMSIZE[b_dtype]
     for axis, (l0, l1), size in (("m", (m0, m1), a_size), ("k", (k0, k1), a_size), ("n", (n0, n1), b_size)):
         if l0 <= 0 or l1 <= 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import os
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -135,9 +136,14 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+# a profile name is a file stem in tiles/: no path separators, no leading dot ("../x" must not
+# reach a file outside tiles/)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
 def _read(name: str, seen: tuple = ()) -> dict:
     path = _tiles_dir() / f"{name}.toml"
-    if not path.is_file():
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or not path.is_file():
         raise ProfileError(
             f"unknown hardware profile {name!r}; known profiles: {', '.join(profiles())} "
             f"(files in {_tiles_dir()})"

@@ -1,0 +1,877 @@
+"""Bad-input matrix over every public function: each case gives a correct result or a specific error.
+
+Every case is either
+
+- ``raises(Exc, pattern)``: the call raises ``Exc`` (or a subclass) and the message matches
+  ``pattern`` (which names the offending argument), or
+- ``equal(ref)`` / ``close(ref, rtol, atol)`` / ``check(fn)``: the call returns a result equal to
+  ``ref()`` (bit for bit; e.g. a non-contiguous view against its contiguous copy), close to it
+  (NaN where the reference has NaN), or accepted by ``fn``.
+
+All cases run in ONE subprocess (``python tests/test_bad_inputs.py OUT.json``) that reports a JSON
+result per case: a crash (segfault, abort, runaway allocation) fails the tests instead of killing
+pytest, and the kernels' compile cost is paid once. The subprocess caps its address space
+(``RLIMIT_AS``) a few GiB above what it uses, so a case that would allocate a huge array fails
+with MemoryError instead of swapping the shared machine. Huge (> INT32_MAX elements) inputs are
+``np.broadcast_to`` views or plan-only calls: nothing huge is allocated when validation works.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pypto_numba as pn
+from pypto_numba import attention, embedding, gelu, linear, mean, moe, reference, repeat_kv, rope
+from pypto_numba.errors import ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
+from pypto_numba.machine.profile import ProfileError
+
+BF16 = ml_dtypes.bfloat16
+F32 = np.float32
+BIG = 2**31  # one element more than PyPTO's INT32_MAX shape-size limit
+
+# ---------------------------------------------------------------------------------------------
+# case kinds
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    call: Callable
+    kind: str  # "raises" | "equal" | "close" | "check"
+    exc: type = None
+    pattern: str = ""
+    ref: Callable = None
+    rtol: float = 0.0
+    atol: float = 0.0
+    xfail: str = ""  # reason (see /work/brief/reliability-findings.md) when the case still fails
+    needs_cap: bool = False  # allocates > 4 GiB if validation is missing: run only under RLIMIT_AS
+
+
+CASES: list = []
+_IDS: set = set()
+
+
+def _add(case):
+    assert case.id not in _IDS, case.id
+    _IDS.add(case.id)
+    CASES.append(case)
+
+
+def raises(cid, call, exc, pattern, xfail="", needs_cap=False):
+    _add(Case(cid, call, "raises", exc=exc, pattern=pattern, xfail=xfail, needs_cap=needs_cap))
+
+
+def equal(cid, call, ref, xfail=""):
+    _add(Case(cid, call, "equal", ref=ref, xfail=xfail))
+
+
+def close(cid, call, ref, rtol=1e-5, atol=1e-6, xfail=""):
+    _add(Case(cid, call, "close", ref=ref, rtol=rtol, atol=atol, xfail=xfail))
+
+
+def check(cid, call, fn=None, xfail=""):
+    _add(Case(cid, call, "check", ref=fn, xfail=xfail))
+
+
+FINDINGS = "see reliability-findings.md"
+
+
+def expect(condition, detail):
+    """For check(): fail with ``detail`` unless ``condition``."""
+    if not condition:
+        raise AssertionError(detail)
+
+# ---------------------------------------------------------------------------------------------
+# inputs (small; created at import in both processes, cheap)
+
+_rng = np.random.default_rng(20261130)
+
+
+def _normal(shape, dtype=F32, *, scale=1.0):
+    return (_rng.standard_normal(shape) * scale).astype(F32).astype(dtype)
+
+
+X = _normal((4, 37))
+XB = X.astype(BF16)
+MX = _normal((3, 5, 40)) + F32(0.5)
+RX = _normal((5, 2, 8))
+_cs = reference.cos_sin(np.arange(5), 8)
+COS, SIN = (np.asarray(t, np.float64).astype(F32) for t in _cs)
+RW = (1.0 + 0.1 * _normal((8,))).astype(F32)
+Q = _normal((1, 2, 3, 8))
+K = _normal((1, 1, 5, 8))
+V = _normal((1, 1, 5, 8))
+KV = _normal((1, 2, 3, 8))
+LOG = _normal((6, 16))
+BIAS = (0.1 * _normal((16,))).astype(F32)
+EO = _normal((6, 2, 20))
+EW = np.abs(_normal((6, 2))).astype(F32)
+LX = _normal((5, 24))
+LW = _normal((12, 24), scale=0.2)
+LB = _normal((12,))
+EMB = _normal((10, 8))
+IDS = np.array([[1, 2], [9, 0]], np.int32)
+
+
+def _strided(a, axis=-1):
+    """A non-contiguous view with a's values (every other element of a doubled array)."""
+    return np.repeat(a, 2, axis=axis)[(slice(None),) * (a.ndim + axis if axis < 0 else axis) + (slice(None, None, 2),)]
+
+
+def _reversed(a):
+    """A negatively strided view (all axes flipped) and its contiguous copy."""
+    v = np.flip(a.copy())
+    return v, np.ascontiguousarray(v)
+
+
+def _fortran(a):
+    return np.asfortranarray(a)
+
+
+def _readonly(a):
+    a.setflags(write=False)
+    return a
+
+
+def _huge(shape, dtype=F32):
+    """A > INT32_MAX-element array that costs no memory (a zero-stride broadcast view)."""
+    return np.broadcast_to(np.ones((1,) * len(shape), dtype), shape)
+
+
+def _tensor_cases(prefix, name, good, call, *, rank_bad=None, huge_shape=None, noncontig=True,
+                  zero_shape=None):
+    """The dtype / rank / size / layout cases of one tensor argument; ``call(arr)`` runs the function
+    with ``arr`` in place of that argument."""
+    arg = re.escape(name)
+    raises(f"{prefix}-{name}-float64", lambda: call(good.astype(np.float64)), DTypeError,
+           rf"{arg} has dtype float64; accepted: float32, float16 or ml_dtypes.bfloat16")
+    raises(f"{prefix}-{name}-int32", lambda: call(good.astype(np.int32)), DTypeError, rf"{arg} has dtype int32")
+    raises(f"{prefix}-{name}-bool", lambda: call(good > 0), DTypeError, rf"{arg} has dtype bool")
+    raises(f"{prefix}-{name}-object", lambda: call(good.astype(object)), DTypeError, rf"{arg} has dtype object")
+    raises(f"{prefix}-{name}-list", lambda: call(good.tolist()), DTypeError, rf"{arg} must be a numpy array")
+    raises(f"{prefix}-{name}-masked", lambda: call(np.ma.masked_less(good, 0)), DTypeError, rf"{arg} is a numpy masked array")
+    raises(f"{prefix}-{name}-bigendian", lambda: call(good.astype(">f4")), DTypeError, rf"{arg} has dtype >f4")
+    if rank_bad is not None:
+        raises(f"{prefix}-{name}-rank", lambda: call(rank_bad), ShapeError, rf"{arg} must (have|be) .*dims")
+    zshape = zero_shape or (0,) + good.shape[1:]
+    raises(f"{prefix}-{name}-zero-size", lambda: call(np.empty(zshape, good.dtype)), ShapeError,
+           rf"{arg} has shape \(.*\) with a zero-size dim")
+    if huge_shape is not None:
+        assert np.prod(huge_shape, dtype=np.int64) > 2**31 - 1
+        raises(f"{prefix}-{name}-over-int32", lambda: call(_huge(huge_shape, good.dtype)), ConstraintError,
+               rf"{arg} has \d+ elements, more than PyPTO's INT32_MAX")
+    if noncontig:
+        equal(f"{prefix}-{name}-strided", lambda: call(_strided(good)), lambda: call(good))
+        equal(f"{prefix}-{name}-negstride", lambda: call(_reversed(good)[0]), lambda: call(_reversed(good)[1]))
+        equal(f"{prefix}-{name}-fortran", lambda: call(_fortran(good)), lambda: call(good))
+
+
+def _profile_cases(prefix, call):
+    raises(f"{prefix}-profile-unknown", lambda: call(profile="nope"), ProfileError,
+           r"unknown hardware profile 'nope'; known profiles: \w")
+    raises(f"{prefix}-profile-type", lambda: call(profile=3), ProfileError,
+           r"profile must be a name or a HardwareProfile, not int")
+
+
+def _tile_cases(prefix, name, call, *, exc=TileError, too_big=None, unaligned=None, huge=True):
+    arg = re.escape(name)
+    for label, bad in (("zero", 0), ("negative", -32), ("float", 32.0), ("str", "32"), ("bool", True)):
+        raises(f"{prefix}-{name}-{label}", lambda bad=bad: call(**{name: bad}), exc,
+               rf"{arg} must be a positive integer, got")
+    if too_big is not None:
+        raises(f"{prefix}-{name}-too-big", lambda: call(**{name: too_big}), TileError, r"(UB|has \d+ B|exceeds)")
+    if huge:  # far past any buffer: a clear error, never an attempt to allocate
+        raises(f"{prefix}-{name}-huge", lambda: call(**{name: 2**62}), (TileError, ConstraintError),
+               rf"({arg}|UB|L0[ABC]|L1)")
+    if unaligned is not None:
+        raises(f"{prefix}-{name}-unaligned", lambda: call(**{name: unaligned}), TileError,
+               r"is not a multiple of 32 B")
+
+
+# ---------------------------------------------------------------------------------------------
+# gelu
+
+_SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e38, -1e38, 3.0e38, -3.0e38, 1e-40, 20.0, -20.0],
+                    np.float32)
+
+for _v, _fn, _ref in (("tanh", gelu.tanh, reference.gelu_tanh), ("erf", gelu.erf, reference.gelu_erf)):
+    _p = f"gelu.{_v}"
+    _tensor_cases(_p, "x", X, lambda a, f=_fn: f(a), rank_bad=np.float32(1.0), huge_shape=(2**16, 2**15 + 1))
+    equal(f"{_p}-x-bf16-strided", lambda f=_fn: f(_strided(XB)), lambda f=_fn: f(XB))
+    equal(f"{_p}-x-bf16-negstride", lambda f=_fn: f(XB[::-1, ::-3]), lambda f=_fn: f(np.ascontiguousarray(XB[::-1, ::-3])))
+    close(f"{_p}-x-nan-inf", lambda f=_fn: f(_SPECIAL), lambda r=_ref: r(_SPECIAL), rtol=1e-5, atol=1e-6)
+    close(f"{_p}-x-nan-inf-bf16", lambda f=_fn: f(_SPECIAL.astype(BF16)),
+          lambda r=_ref: r(_SPECIAL.astype(BF16)).astype(np.float32).astype(BF16), rtol=2**-7, atol=1e-6)
+    _profile_cases(_p, lambda f=_fn, **kw: f(X, **kw))
+    _tile_cases(_p, "tile", lambda f=_fn, **kw: f(X, **kw), too_big=2**20, unaligned=33)
+    raises(f"{_p}-tile-unaligned-bf16", lambda f=_fn: f(XB, tile=8), TileError, r"8 x 2 B = 16 B is not a multiple of 32 B")
+    raises(f"{_p}-math-unknown", lambda f=_fn: f(X, math="fp64"), ConstraintError, r"math must be one of")
+    raises(f"{_p}-out-shape", lambda f=_fn: f(X, out=np.empty((4, 36), F32)), ShapeError, r"out must have x's shape")
+    raises(f"{_p}-out-dtype", lambda f=_fn: f(X, out=np.empty((4, 37), np.float64)), DTypeError, r"out must be a numpy array of x's dtype")
+    raises(f"{_p}-out-readonly", lambda f=_fn: f(X, out=_readonly(np.zeros((4, 37), F32))), ConstraintError,
+           r"out must be a writeable C-contiguous array")
+    raises(f"{_p}-out-noncontig", lambda f=_fn: f(X, out=np.zeros((37, 4), F32).T), ConstraintError,
+           r"out must be a writeable C-contiguous array")
+    equal(f"{_p}-x-readonly", lambda f=_fn: f(_readonly(X.copy())), lambda f=_fn: f(X))
+    raises(f"{_p}-out-overlap", lambda f=_fn: (lambda buf: f(buf[:148].reshape(4, 37), out=buf[1:149].reshape(4, 37)))(np.zeros(149, F32)),
+           ConstraintError, r"out overlaps x partially")
+    equal(f"{_p}-out-inplace", lambda f=_fn: (lambda a: (f(a, out=a), a)[1])(X.copy()), lambda f=_fn: f(X))
+    raises(f"{_p}-plan-dtype", lambda v=_v: getattr(gelu, f"plan_{v}")((4, 37), "float64"), DTypeError, r"dtype 'float64'")
+    raises(f"{_p}-plan-zero", lambda v=_v: getattr(gelu, f"plan_{v}")((0, 37)), ShapeError, r"x has shape \(0, 37\) with a zero-size dim")
+    raises(f"{_p}-plan-over-int32", lambda v=_v: getattr(gelu, f"plan_{v}")((2**16, 2**15 + 1)), ConstraintError,
+           r"x has 2147549184 elements, more than PyPTO's INT32_MAX")
+
+# ---------------------------------------------------------------------------------------------
+# mean
+
+
+def _mean_ref(x, dim=-1, keepdim=False):
+    return reference.mean(x, dim, keepdim)
+
+
+_tensor_cases("mean.sum_div", "x", MX, lambda a: mean.sum_div(a, dim=1), rank_bad=np.float32(2.0),
+              huge_shape=(2**16, 2**15 + 1))
+for _d in (0, 1, 2, -1):
+    equal(f"mean.sum_div-x-transposed-dim{_d}", lambda d=_d: mean.sum_div(MX.transpose(2, 0, 1), dim=d),
+          lambda d=_d: mean.sum_div(np.ascontiguousarray(MX.transpose(2, 0, 1)), dim=d))
+raises("mean.sum_div-dim-range", lambda: mean.sum_div(MX, dim=3), ShapeError, r"dim=3 is out of range for a 3-d input \(valid: -3..2\)")
+raises("mean.sum_div-dim-negrange", lambda: mean.sum_div(MX, dim=-4), ShapeError, r"dim=-4 is out of range")
+raises("mean.sum_div-dim-float", lambda: mean.sum_div(MX, dim=1.0), ShapeError, r"dim must be an int, got 1.0")
+raises("mean.sum_div-dim-none", lambda: mean.sum_div(MX, dim=None), ShapeError, r"dim must be an int, got None")
+raises("mean.sum_div-dim-tuple", lambda: mean.sum_div(MX, dim=(0, 1)), ShapeError, r"dim must be an int")
+raises("mean.sum_div-keepdim", lambda: mean.sum_div(MX, keepdim="yes"), ConstraintError, r"keepdim must be a bool")
+raises("mean.sum_div-split", lambda: mean.sum_div(MX, split="cpu"), ConstraintError, r"split must be one of")
+_profile_cases("mean.sum_div", lambda **kw: mean.sum_div(MX, **kw))
+_tile_cases("mean.sum_div", "row_tile", lambda **kw: mean.sum_div(_normal((2, 40000)), **kw), too_big=32768, unaligned=100)
+_tile_cases("mean.sum_div", "rows_per_task", lambda **kw: mean.sum_div(MX, **kw), huge=False)
+_tile_cases("mean.sum_div", "inner_tile", lambda **kw: mean.sum_div(MX, dim=0, **kw), unaligned=12, huge=False)
+# options that only cap a count are clamped to the shape: a huge value is the whole axis
+close("mean.sum_div-rows_per_task-huge", lambda: mean.sum_div(MX, rows_per_task=2**62), lambda: _mean_ref(MX))
+close("mean.sum_div-inner_tile-huge", lambda: mean.sum_div(MX, dim=0, inner_tile=2**62), lambda: _mean_ref(MX, 0))
+_MNAN = _normal((6, 3000))
+_MNAN[1, 5] = np.nan
+_MNAN[2, 7] = np.inf
+_MNAN[3, 0] = np.inf
+_MNAN[3, 2999] = -np.inf
+_MNAN[4, 100] = -np.inf
+for _split in ("ub", "gm"):
+    for _d in (0, 1):
+        close(f"mean.sum_div-x-nan-inf-dim{_d}-{_split}",
+              lambda d=_d, s=_split: mean.sum_div(_MNAN, dim=d, split=s, row_tile=1024),
+              lambda d=_d: _mean_ref(_MNAN, d), rtol=1e-5, atol=1e-6)
+check("mean.sum_div-fp32-sum-overflow-documented",
+      lambda: mean.sum_div(np.full((1, 4), 3e38, BF16)),
+      lambda y: np.testing.assert_array_equal(y.astype(np.float32), [np.inf]))  # fp32 sum (README)
+equal("mean.sum_div-x-1d", lambda: mean.sum_div(X[0]), lambda: mean.sum_div(X[:1])[0:1].reshape(()))
+raises("mean.sum_div-plan-dtype", lambda: mean.plan_sum_div((4, 4), "float64"), ConstraintError, r"dtype must be one of")
+
+# ---------------------------------------------------------------------------------------------
+# rope
+
+def _rw_like(x):
+    """RMSNorm weight in x's dtype (fp32 for non-arrays: the bad-x cases must fail on x, not on weight)."""
+    return RW.astype(x.dtype) if isinstance(x, np.ndarray) and x.dtype in (BF16, np.float16) else RW
+
+
+_ROPE = {
+    "standard": (lambda x, c, s, **kw: rope.standard(x, c, s, **kw), lambda x, c, s: reference.rope_standard(x, c, s)),
+    "interleaved": (lambda x, c, s, **kw: rope.interleaved(x, c, s, **kw), lambda x, c, s: reference.rope_interleaved(x, c, s)),
+    "fused_rmsnorm": (lambda x, c, s, **kw: rope.fused_rmsnorm(x, _rw_like(x), c, s, **kw),
+                      lambda x, c, s: reference.rope_fused_rmsnorm(x, RW, c, s)),
+}
+_RNAN = RX.copy()
+_RNAN[1, 0, 3] = np.nan
+_RNAN[2, 1, 6] = np.inf
+_RNAN[3, 1, 0] = -np.inf
+for _k, (_fn, _ref) in _ROPE.items():
+    _p = f"rope.{_k}"
+    _tensor_cases(_p, "x", RX, lambda a, f=_fn: f(a, COS, SIN), rank_bad=RX[0], huge_shape=(2**21, 2**10, 1, 2),
+                  zero_shape=(5, 0, 8))
+    _tensor_cases(_p, "cos", COS, lambda a, f=_fn: f(RX, a, SIN), rank_bad=COS[0], zero_shape=(0, 8))
+    raises(f"{_p}-cos-positions", lambda f=_fn: f(RX, COS[:4], SIN[:4]), ShapeError, r"cos/sin have 4 positions")
+    raises(f"{_p}-cos-odd-R", lambda f=_fn: f(RX, COS[:, :7], SIN[:, :7]), ShapeError, r"R = cos.shape\[-1\] = 7 must be even")
+    raises(f"{_p}-cos-R-too-big", lambda f=_fn: f(RX, np.tile(COS, 2), np.tile(SIN, 2)), ShapeError,
+           r"R = cos.shape\[-1\] = 16 exceeds head dim D = 8")
+    raises(f"{_p}-sin-shape", lambda f=_fn: f(RX, COS, SIN[:, :6]), ShapeError, r"cos and sin must have the same shape")
+    raises(f"{_p}-cos-dtype-mix", lambda f=_fn: f(RX, COS.astype(np.float16), SIN.astype(np.float16)), DTypeError,
+           r"cos/sin must have x's dtype \(fp32\)")
+    raises(f"{_p}-cos-lead-broadcast", lambda f=_fn: f(RX[None].repeat(2, 0), COS[None].repeat(3, 0), SIN[None].repeat(3, 0)),
+           ShapeError, r"leading dims")
+    raises(f"{_p}-sin-float64", lambda f=_fn: f(RX, COS, SIN.astype(np.float64)), DTypeError, r"sin has dtype float64")
+    close(f"{_p}-x-nan-inf", lambda f=_fn: f(_RNAN, COS, SIN), lambda r=_ref: r(_RNAN, COS, SIN), rtol=1e-5, atol=1e-5)
+    equal(f"{_p}-x-bf16-negstride", lambda f=_fn: f(RX.astype(BF16)[::-1], COS.astype(BF16), SIN.astype(BF16)),
+          lambda f=_fn: f(np.ascontiguousarray(RX.astype(BF16)[::-1]), COS.astype(BF16), SIN.astype(BF16)))
+    _profile_cases(_p, lambda f=_fn, **kw: f(RX, COS, SIN, **kw))
+    _tile_cases(_p, "token_tile", lambda f=_fn, **kw: f(RX, COS, SIN, **kw), too_big=10**6)
+    raises(f"{_p}-out-shape", lambda f=_fn: f(RX, COS, SIN, out=np.empty((5, 2, 9), F32)), ShapeError, r"out must have x's shape")
+
+_tensor_cases("rope.rmsnorm", "x", RX, lambda a: rope.rmsnorm(a, RW), rank_bad=np.float32(1.0),
+              huge_shape=(2**21, 2**10, 1, 2), zero_shape=(5, 0, 8))
+_tensor_cases("rope.rmsnorm", "weight", RW, lambda a: rope.rmsnorm(RX, a), rank_bad=np.float32(1.0), zero_shape=(0,))
+raises("rope.rmsnorm-weight-shape", lambda: rope.rmsnorm(RX, RW[:7]), ShapeError, r"weight must have shape \(8,\)")
+raises("rope.rmsnorm-weight-dtype-mix", lambda: rope.rmsnorm(RX, RW.astype(BF16)), DTypeError, r"weight must have x's dtype")
+for _label, _eps in (("negative", -1e-6), ("nan", float("nan")), ("inf", float("inf")), ("str", "1e-6"), ("bool", True)):
+    raises(f"rope.rmsnorm-eps-{_label}", lambda e=_eps: rope.rmsnorm(RX, RW, eps=e), ConstraintError, r"eps must be a finite number >= 0")
+    raises(f"rope.fused_rmsnorm-eps-{_label}", lambda e=_eps: rope.fused_rmsnorm(RX, RW, COS, SIN, eps=e), ConstraintError,
+           r"eps must be a finite number >= 0")
+close("rope.rmsnorm-x-nan-inf", lambda: rope.rmsnorm(_RNAN, RW), lambda: reference.rmsnorm(_RNAN, RW), rtol=1e-5, atol=1e-5)
+close("rope.rmsnorm-x-zero-row", lambda: rope.rmsnorm(np.zeros((2, 1, 8), F32), RW, eps=0.0),
+      lambda: reference.rmsnorm(np.zeros((2, 1, 8), F32), RW, eps=0.0) * np.nan)  # 0 * rsqrt(0) = 0 * inf = NaN
+_tile_cases("rope.rmsnorm", "token_tile", lambda **kw: rope.rmsnorm(RX, RW, **kw), too_big=10**6)
+_profile_cases("rope.rmsnorm", lambda **kw: rope.rmsnorm(RX, RW, **kw))
+
+raises("rope.cos_sin-positions-object", lambda: rope.cos_sin(np.array([object()]), 8), DTypeError,
+       r"positions must be an integer or float array, got dtype object")
+raises("rope.cos_sin-positions-complex", lambda: rope.cos_sin(np.arange(4) + 0j, 8), DTypeError, r"positions must be")
+raises("rope.cos_sin-positions-nan", lambda: rope.cos_sin(np.array([0.0, np.nan]), 8), ConstraintError, r"positions must be finite")
+raises("rope.cos_sin-positions-zero", lambda: rope.cos_sin(np.arange(0), 8), ShapeError, r"positions has shape \(0,\) with a zero-size dim")
+raises("rope.cos_sin-positions-0d", lambda: rope.cos_sin(np.int64(3), 8), ShapeError, r"positions must have at least 1 dims")
+raises("rope.cos_sin-positions-over-int32", lambda: rope.cos_sin(_huge((2**31,), np.int32), 8), ConstraintError,
+       r"positions has 2147483648 elements")
+raises("rope.cos_sin-output-over-int32", lambda: rope.plan_cos_sin((2**26,), 64), ConstraintError,
+       r"(cos|output|tables).*INT32_MAX", xfail=FINDINGS)
+for _label, _r in (("odd", 7), ("zero", 0), ("negative", -2), ("float", 8.0), ("bool", True)):
+    raises(f"rope.cos_sin-rot_dim-{_label}", lambda r=_r: rope.cos_sin(np.arange(4), r), ShapeError, r"rot_dim must be")
+for _label, _t in (("zero", 0.0), ("negative", -1.0), ("nan", float("nan")), ("str", "1e4")):
+    raises(f"rope.cos_sin-theta-{_label}", lambda t=_t: rope.cos_sin(np.arange(4), 8, theta=t), ConstraintError,
+           r"theta must be a finite number > 0")
+raises("rope.cos_sin-dtype", lambda: rope.cos_sin(np.arange(4), 8, dtype=np.float64), DTypeError, r"dtype .*float64.* is not a storage dtype")
+equal("rope.cos_sin-positions-negstride", lambda: rope.cos_sin(np.arange(8)[::-2], 8),
+      lambda: rope.cos_sin(np.ascontiguousarray(np.arange(8)[::-2]), 8))
+_tile_cases("rope.cos_sin", "token_tile", lambda **kw: rope.cos_sin(np.arange(4), 8, **kw), too_big=10**6)
+
+# ---------------------------------------------------------------------------------------------
+# attention
+
+_ATT = {"standard": attention.standard, "online": attention.online, "flash": attention.flash}
+
+
+def _att_ref(q=Q, k=K, v=V, **kw):
+    return reference.attention(q, k, v, **kw)
+
+
+for _s, _fn in _ATT.items():
+    _p = f"attention.{_s}"
+    _tensor_cases(_p, "q", Q, lambda a, f=_fn: f(a, K, V), rank_bad=Q[0], huge_shape=(1, 2**10, 2**18, 8))
+    _tensor_cases(_p, "k", K, lambda a, f=_fn: f(Q, a, V), rank_bad=K[0], huge_shape=(1, 1, 2**28, 8),
+                  zero_shape=(1, 1, 0, 8))
+    _tensor_cases(_p, "v", V, lambda a, f=_fn: f(Q, K, a), rank_bad=V[..., 0], noncontig=False, zero_shape=(1, 1, 5, 0))
+    equal(f"{_p}-q-bhsd-view", lambda f=_fn: f(Q.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3), K, V), lambda f=_fn: f(Q, K, V))
+    equal(f"{_p}-kv-negstride", lambda f=_fn: f(Q, K[:, :, ::-1], V[:, :, ::-1]),
+          lambda f=_fn: f(Q, np.ascontiguousarray(K[:, :, ::-1]), np.ascontiguousarray(V[:, :, ::-1])))
+    raises(f"{_p}-batch", lambda f=_fn: f(Q, np.concatenate([K, K]), np.concatenate([V, V])), ShapeError, r"batch sizes differ")
+    raises(f"{_p}-head-dim", lambda f=_fn: f(Q, K[..., :6], V), ShapeError, r"head dim of k \(6\) differs from q \(8\)")
+    raises(f"{_p}-kv-seq", lambda f=_fn: f(Q, K, V[:, :, :4]), ShapeError, r"must share \[B, Hkv, Skv\]")
+    raises(f"{_p}-gqa-heads", lambda f=_fn: f(np.concatenate([Q, Q[:, :1]], 1), np.concatenate([K, K], 1),
+                                              np.concatenate([V, V], 1)), ShapeError, r"Hq=3 is not a multiple of Hkv=2")
+    raises(f"{_p}-dtype-mix", lambda f=_fn: f(Q, K.astype(np.float16), V.astype(np.float16)), DTypeError,
+           r"inputs must share one storage dtype, got q=fp32, k=fp16, v=fp16")
+    for _label, _sc in (("nan", float("nan")), ("inf", float("inf")), ("str", "0.5"), ("bool", True)):
+        raises(f"{_p}-scale-{_label}", lambda f=_fn, sc=_sc: f(Q, K, V, scale=sc), ConstraintError, r"scale must be a finite real number")
+    close(f"{_p}-scale-zero", lambda f=_fn: f(Q, K, V, scale=0.0), lambda: _att_ref(scale=0.0))
+    raises(f"{_p}-causal", lambda f=_fn: f(Q, K, V, causal="yes"), ConstraintError, r"causal must be True or False")
+    raises(f"{_p}-gqa", lambda f=_fn: f(Q, K, V, gqa="repeat"), ConstraintError, r"gqa must be one of")
+    raises(f"{_p}-kv_len-too-long", lambda f=_fn: f(Q, K, V, kv_len=np.array([6])), ConstraintError,
+           r"kv_len\[0\] = 6 is outside \[0, Skv=5\]")
+    raises(f"{_p}-kv_len-negative", lambda f=_fn: f(Q, K, V, kv_len=np.array([-1])), ConstraintError, r"kv_len\[0\] = -1 is outside")
+    raises(f"{_p}-kv_len-huge-uint", lambda f=_fn: f(Q, K, V, kv_len=np.array([2**63 + 5], np.uint64)), ConstraintError,
+           r"kv_len\[0\] = 9223372036854775813 is outside")
+    raises(f"{_p}-kv_len-shape", lambda f=_fn: f(Q, K, V, kv_len=np.array([3, 3])), ShapeError, r"kv_len must have shape \[B\] = \(1,\)")
+    raises(f"{_p}-kv_len-scalar", lambda f=_fn: f(Q, K, V, kv_len=3), ShapeError, r"kv_len must have shape \[B\]")
+    raises(f"{_p}-kv_len-float", lambda f=_fn: f(Q, K, V, kv_len=np.array([3.0])), DTypeError, r"kv_len must be an integer array")
+    raises(f"{_p}-kv_len-bool", lambda f=_fn: f(Q, K, V, kv_len=np.array([True])), DTypeError, r"kv_len must be an integer array")
+    close(f"{_p}-kv_len-list", lambda f=_fn: f(Q, K, V, kv_len=[3]), lambda: _att_ref(kv_len=[3]))
+    check(f"{_p}-kv_len-zero", lambda f=_fn: f(Q, K, V, kv_len=np.array([0])),
+          lambda out: np.testing.assert_array_equal(out, np.zeros_like(Q)))  # API: fully masked rows -> zeros
+    check(f"{_p}-kv_len-zero-causal", lambda f=_fn: f(Q, K, V, kv_len=np.array([1]), causal=True),
+          lambda out: np.testing.assert_allclose(out, _att_ref(kv_len=[1], causal=True), atol=1e-6))
+    raises(f"{_p}-mask-shape", lambda f=_fn: f(Q, K, V, mask=np.zeros((1, 1, 3, 4), F32)), ShapeError,
+           r"mask of shape \(1, 1, 3, 4\) does not broadcast to \[B, Hq, Sq, Skv\] = \(1, 2, 3, 5\)")
+    raises(f"{_p}-mask-rank", lambda f=_fn: f(Q, K, V, mask=np.zeros((1, 1, 1, 3, 5), F32)), ShapeError, r"mask has 5 dims")
+    raises(f"{_p}-mask-empty", lambda f=_fn: f(Q, K, V, mask=np.zeros((0, 5), F32)), ShapeError, r"mask of shape \(0, 5\)")
+    raises(f"{_p}-mask-float16", lambda f=_fn: f(Q, K, V, mask=np.zeros((3, 5), np.float16)), DTypeError,
+           r"mask must be an additive float32 array, got dtype float16")
+    raises(f"{_p}-mask-bool", lambda f=_fn: f(Q, K, V, mask=np.ones((3, 5), bool)), DTypeError, r"mask must be an additive float32 array, got dtype bool")
+    raises(f"{_p}-mask-list", lambda f=_fn: f(Q, K, V, mask=[[0.0] * 5] * 3), DTypeError, r"mask must be a numpy float32 array")
+    check(f"{_p}-mask-all-neginf", lambda f=_fn: f(Q, K, V, mask=np.full((3, 5), -np.inf, F32)),
+          lambda out: np.testing.assert_array_equal(out, np.zeros_like(Q)))
+    _m = np.zeros((3, 5), F32)
+    _m[1, 2] = np.nan
+    check(f"{_p}-mask-nan-row", lambda f=_fn, m=_m: f(Q, K, V, mask=m),
+          lambda out: (np.testing.assert_array_equal(np.isnan(out[:, :, 1]), True),
+                       np.testing.assert_allclose(out[:, :, [0, 2]], _att_ref()[:, :, [0, 2]], atol=1e-5)))
+    equal(f"{_p}-mask-broadcast-view", lambda f=_fn: f(Q, K, V, mask=np.broadcast_to(np.float32([0, -1, 0, -np.inf, 2]), (1, 2, 3, 5))),
+          lambda f=_fn: f(Q, K, V, mask=np.float32([0, -1, 0, -np.inf, 2])))
+    _qn = Q.copy()
+    _qn[0, 1, 2, 3] = np.nan
+    check(f"{_p}-q-nan", lambda f=_fn, q=_qn: f(q, K, V), fn=
+          lambda out: (np.testing.assert_array_equal(np.isnan(out[0, 1, 2]), True),
+                       np.testing.assert_allclose(np.delete(out.reshape(6, 8), 5, 0), np.delete(_att_ref().reshape(6, 8), 5, 0), atol=1e-5)))
+    _kg = K.copy()
+    _vg = V.copy()
+    _kg[:, :, 3:] = np.nan  # garbage past kv_len (an uninitialised KV cache) must be ignored
+    _vg[:, :, 3:] = np.inf
+    close(f"{_p}-kv-garbage-past-kv_len", lambda f=_fn, k=_kg, v=_vg: f(Q, k, v, kv_len=np.array([3])),
+          lambda: _att_ref(kv_len=[3]), rtol=1e-5, atol=1e-5)
+    _profile_cases(_p, lambda f=_fn, **kw: f(Q, K, V, **kw))
+
+# prefill-shaped blocks (>= 16 rows) take the np.dot path: the same garbage must be ignored there
+_qp, _kp, _vp = _normal((1, 4, 16, 8)), _normal((1, 2, 40, 8)), _normal((1, 2, 40, 8))
+_kpg, _vpg = _kp.copy(), _vp.copy()
+_kpg[:, :, 30:] = np.nan
+_vpg[:, :, 30:] = np.inf
+for _s, _fn in _ATT.items():
+    close(f"attention.{_s}-kv-garbage-past-kv_len-prefill", lambda f=_fn: f(_qp, _kpg, _vpg, kv_len=np.array([30])),
+          lambda: reference.attention(_qp, _kp, _vp, kv_len=np.array([30])), rtol=1e-5, atol=1e-5)
+
+raises("attention.online-pv", lambda: attention.online(Q, K, V, pv="fp64"), ConstraintError, r"pv must be one of")
+raises("attention.flash-return_lse", lambda: attention.flash(Q, K, V, return_lse="yes"), ConstraintError,
+       r"return_lse must be True or False")
+for _s in ("online", "flash"):
+    _tile_cases(f"attention.{_s}", "kv_tile", lambda f=_ATT[_s], **kw: f(Q, K, V, **kw), too_big=2**20)
+    _tile_cases(f"attention.{_s}", "q_tile", lambda f=_ATT[_s], **kw: f(Q, K, V, **kw), huge=False)
+    close(f"attention.{_s}-q_tile-huge", lambda f=_ATT[_s]: f(Q, K, V, q_tile=2**62), lambda: _att_ref())  # clamped to Sq
+    close(f"attention.{_s}-kv_tile-odd", lambda f=_ATT[_s]: f(Q, K, V, kv_tile=3), lambda: _att_ref())  # padded to 32 B
+_tile_cases("attention.flash", "num_splits", lambda **kw: attention.flash(Q, K, V, **kw), huge=False)
+close("attention.flash-num_splits-huge", lambda: attention.flash(Q, K, V, num_splits=2**62), lambda: _att_ref())  # capped
+close("attention.flash-num_splits-more-than-tiles", lambda: attention.flash(Q, K, V, num_splits=64, kv_tile=2),
+      lambda: _att_ref())
+close("attention.flash-num_splits-kv_len-zero", lambda: attention.flash(Q, K, V, num_splits=4, kv_tile=2, kv_len=np.array([0])),
+      lambda: np.zeros_like(Q))
+raises("attention.standard-row-too-long", lambda: attention.standard(Q, _normal((1, 1, 50000, 8)), _normal((1, 1, 50000, 8))),
+       TileError, r"score row of Skv=50000 .* use attention.online or attention.flash")
+raises("attention.standard-workspace-over-int32", lambda: attention.plan_standard((1, 16, 16384, 64), (1, 16, 16384, 64)),
+       ConstraintError, r"score workspace \[B, Hq, Sq, Skv\] has 4294967296 elements.*INT32_MAX")
+
+# ---------------------------------------------------------------------------------------------
+# repeat_kv
+
+_tensor_cases("repeat_kv.expand_clone", "kv", KV, lambda a: repeat_kv.expand_clone(a, 2), rank_bad=KV[0],
+              huge_shape=(1, 2**10, 2**18, 8))
+equal("repeat_kv.expand_clone-kv-bf16-negstride", lambda: repeat_kv.expand_clone(KV.astype(BF16)[..., ::-1], 3),
+      lambda: repeat_kv.expand_clone(np.ascontiguousarray(KV.astype(BF16)[..., ::-1]), 3))
+check("repeat_kv.expand_clone-nan-inf-copied", lambda: repeat_kv.expand_clone(_SPECIAL.reshape(1, 2, 3, 2), 2),
+      lambda out: np.testing.assert_array_equal(out.view(np.uint32), np.repeat(_SPECIAL.reshape(1, 2, 3, 2), 2, 1).view(np.uint32)))
+for _label, _n in (("zero", 0), ("negative", -1), ("float", 2.0), ("bool", True), ("none", None)):
+    raises(f"repeat_kv.expand_clone-n_rep-{_label}", lambda n=_n: repeat_kv.expand_clone(KV, n), ConstraintError,
+           r"n_rep must be a positive integer")
+raises("repeat_kv.expand_clone-output-over-int32", lambda: repeat_kv.expand_clone(_normal((1, 2, 2**10, 128)), 2**13),
+       ConstraintError, r"output .*2147483648 elements.*INT32_MAX", needs_cap=True)
+raises("repeat_kv.expand_clone-plan-output-over-int32", lambda: repeat_kv.plan_expand_clone((1, 8, 2**20, 128), 4),
+       ConstraintError, r"output .* elements.*INT32_MAX")
+raises("repeat_kv.expand_clone-plan-shape", lambda: repeat_kv.plan_expand_clone((1, 8, 128), 2), ShapeError,
+       r"kv must have 4 dims")
+raises("repeat_kv.expand_clone-plan-dtype", lambda: repeat_kv.plan_expand_clone((1, 8, 4, 8), 2, "float64"), DTypeError,
+       r"dtype 'float64'")
+_profile_cases("repeat_kv.expand_clone", lambda **kw: repeat_kv.expand_clone(KV, 2, **kw))
+
+# ---------------------------------------------------------------------------------------------
+# moe
+
+_GATE = {"sigmoid_gating": (moe.sigmoid_gating, reference.moe_sigmoid_gating),
+         "softmax_gating": (moe.softmax_gating, reference.moe_softmax_gating)}
+for _g, (_fn, _ref) in _GATE.items():
+    _p = f"moe.{_g}"
+    _tensor_cases(_p, "logits", LOG, lambda a, f=_fn: f(a, 4), rank_bad=LOG[0], huge_shape=(2**27, 16))
+    equal(f"{_p}-logits-bf16-transposed", lambda f=_fn: f(np.ascontiguousarray(LOG.T).astype(BF16).T, 4),
+          lambda f=_fn: f(LOG.astype(BF16), 4))
+    for _label, _k in (("zero", 0), ("too-many", 17), ("negative", -1), ("float", 2.0), ("bool", True), ("none", None)):
+        raises(f"{_p}-top_k-{_label}", lambda f=_fn, k=_k: f(LOG, k), ConstraintError, r"top_k")
+    raises(f"{_p}-top_k-over-eligible", lambda f=_fn: f(LOG, 5, n_group=4, topk_group=1), ConstraintError,
+           r"top_k=5 must be in \[1, 4\] \(the 1 best of 4 groups hold 4 eligible experts\)")
+    raises(f"{_p}-n_group-divisor", lambda f=_fn: f(LOG, 2, n_group=3), ConstraintError, r"n_group=3 does not divide E=16")
+    raises(f"{_p}-n_group-zero", lambda f=_fn: f(LOG, 2, n_group=0), ConstraintError, r"n_group=0 must be in \[1, 16\]")
+    raises(f"{_p}-n_group-too-many", lambda f=_fn: f(LOG, 2, n_group=32), ConstraintError, r"n_group=32 must be in \[1, 16\]")
+    raises(f"{_p}-n_group-float", lambda f=_fn: f(LOG, 2, n_group=2.0), ConstraintError, r"n_group must be an int")
+    raises(f"{_p}-topk_group-zero", lambda f=_fn: f(LOG, 2, n_group=4, topk_group=0), ConstraintError, r"topk_group=0 must be in \[1, 4\]")
+    raises(f"{_p}-topk_group-too-many", lambda f=_fn: f(LOG, 2, n_group=4, topk_group=5), ConstraintError, r"topk_group=5 must be in \[1, 4\]")
+    raises(f"{_p}-group_score", lambda f=_fn: f(LOG, 2, n_group=4, topk_group=2, group_score="min"), ConstraintError,
+           r"group_score must be one of")
+    raises(f"{_p}-group_score-top2-singletons", lambda f=_fn: f(LOG, 2, n_group=16, topk_group=2, group_score="top2_sum"),
+           ConstraintError, r"top2_sum' needs at least 2 experts per group")
+    raises(f"{_p}-renormalize", lambda f=_fn: f(LOG, 2, renormalize="yes"), ConstraintError, r"renormalize must be True or False")
+    for _label, _sf in (("nan", float("nan")), ("inf", float("inf")), ("str", "2.5")):
+        raises(f"{_p}-routed_scaling_factor-{_label}", lambda f=_fn, sf=_sf: f(LOG, 2, routed_scaling_factor=sf), ConstraintError,
+               r"routed_scaling_factor")
+    _ln = LOG.copy()
+    _ln[2, 5] = np.nan
+    raises(f"{_p}-logits-nan", lambda f=_fn, l=_ln: f(l, 4), ConstraintError, r"logits row 2 \(of 1 such rows\) has NaN")
+    _tile_cases(_p, "token_tile", lambda f=_fn, **kw: f(LOG, 4, **kw), too_big=10**6)
+    raises(f"{_p}-E-over-merge-sort", lambda f=_fn: f(_normal((2, 6000)), 4), TileError, r"MERGE_SORT limit")
+    _profile_cases(_p, lambda f=_fn, **kw: f(LOG, 4, **kw))
+
+_li = LOG.copy()
+_li[1, 3] = np.inf
+_li[1, 7] = np.inf
+_li[4, :] = -np.inf
+_li[4, 9] = 0.0
+check("moe.sigmoid_gating-logits-inf", lambda: moe.sigmoid_gating(_li, 4),
+      lambda r: (np.testing.assert_array_equal(r[1], reference.moe_sigmoid_gating(_li, 4)[1]),
+                 np.testing.assert_allclose(r[0], reference.moe_sigmoid_gating(_li, 4)[0], rtol=1e-5, atol=1e-6)))
+raises("moe.softmax_gating-logits-inf", lambda: moe.softmax_gating(_li, 4), ConstraintError,
+       r"logits row 1 \(of 1 such rows\) has NaN or infinite values")
+_lm = LOG.copy()
+_lm[3, :8] = -np.inf  # -inf logits are fine for softmax (p = 0) while the row has a finite max
+check("moe.softmax_gating-logits-some-neginf", lambda: moe.softmax_gating(_lm, 4),
+      lambda r: (np.testing.assert_array_equal(r[1], reference.moe_softmax_gating(_lm, 4)[1]),
+                 np.testing.assert_allclose(r[0], reference.moe_softmax_gating(_lm, 4)[0], rtol=1e-5, atol=1e-7)))
+_tensor_cases("moe.sigmoid_gating", "bias", BIAS, lambda a: moe.sigmoid_gating(LOG, 4, bias=a), rank_bad=BIAS[None],
+              zero_shape=(0,))
+raises("moe.sigmoid_gating-bias-shape", lambda: moe.sigmoid_gating(LOG, 4, bias=BIAS[:15]), ShapeError, r"bias must have shape \(16,\)")
+raises("moe.sigmoid_gating-bias-nan", lambda: moe.sigmoid_gating(LOG, 4, bias=np.where(np.arange(16) == 3, np.nan, BIAS).astype(F32)),
+       ConstraintError, r"bias has non-finite values")
+for _label, _e in (("negative", -1.0), ("nan", float("nan")), ("str", "0")):
+    raises(f"moe.sigmoid_gating-eps-{_label}", lambda e=_e: moe.sigmoid_gating(LOG, 4, eps=e), ConstraintError, r"eps")
+
+_tensor_cases("moe.combine", "expert_out", EO, lambda a: moe.combine(a, EW), rank_bad=EO[0], huge_shape=(2**20, 2, 2**10))
+_tensor_cases("moe.combine", "weights", EW, lambda a: moe.combine(EO, a), rank_bad=EW[0])
+raises("moe.combine-weights-shape", lambda: moe.combine(EO, EW[:5]), ShapeError, r"weights must have shape \(6, 2\)")
+equal("moe.combine-weights-bf16", lambda: moe.combine(EO, EW.astype(BF16)), lambda: moe.combine(EO, EW.astype(BF16).astype(F32)))
+_ewn = EW.copy()
+_ewn[3, 1] = np.nan
+_eon = EO.copy()
+_eon[1, 0, 4] = np.inf
+close("moe.combine-nan-inf", lambda: moe.combine(_eon, _ewn), lambda: reference.moe_combine(_eon, _ewn), rtol=1e-5, atol=1e-5)
+_tile_cases("moe.combine", "token_tile", lambda **kw: moe.combine(EO, EW, **kw), too_big=10**6)
+_tile_cases("moe.combine", "h_tile", lambda **kw: moe.combine(EO, EW, **kw), unaligned=7, huge=False)
+equal("moe.combine-h_tile-larger-than-H", lambda: moe.combine(EO, EW, h_tile=2**20), lambda: moe.combine(EO, EW))  # clamped to H
+check("moe.combine-h_tile-clamped-in-plan", lambda: moe.plan_combine((6, 2, 20), h_tile=2**62).params["h_tile"],
+      lambda t: expect(t == 24, t))  # H = 20 rounded up to 32 B
+_profile_cases("moe.combine", lambda **kw: moe.combine(EO, EW, **kw))
+
+# ---------------------------------------------------------------------------------------------
+# linear
+
+_LIN = {"matmul_add": linear.matmul_add, "fused_bias": linear.fused_bias}
+_LXN = LX.copy()
+_LXN[1, 3] = np.nan
+_LXN[2, 0] = np.inf
+for _s, _fn in _LIN.items():
+    _p = f"linear.{_s}"
+    _tensor_cases(_p, "x", LX, lambda a, f=_fn: f(a, LW, LB), rank_bad=np.float32(1.0), huge_shape=(2**27, 16, 1),
+                  zero_shape=(0, 24))
+    _tensor_cases(_p, "weight", LW, lambda a, f=_fn: f(LX, a, LB), rank_bad=LW[0], huge_shape=(2**27, 24))
+    _tensor_cases(_p, "bias", LB, lambda a, f=_fn: f(LX, LW, a), rank_bad=LB[None], zero_shape=(0,))
+    raises(f"{_p}-K-mismatch", lambda f=_fn: f(LX[:, :20], LW, LB), ShapeError, r"x has K = 20 .* weight \(12, 24\) has K = 24")
+    raises(f"{_p}-bias-shape", lambda f=_fn: f(LX, LW, LB[:11]), ShapeError, r"bias has shape \(11,\) .* bias must be \[N\]")
+    raises(f"{_p}-dtype-mix", lambda f=_fn: f(LX, LW.astype(BF16), LB), DTypeError, r"inputs must share one storage dtype")
+    close(f"{_p}-x-1d", lambda f=_fn: f(LX[0], LW, LB), lambda: reference.linear(LX[0], LW, LB), rtol=1e-5, atol=1e-5)
+    close(f"{_p}-x-nan-inf", lambda f=_fn: f(_LXN, LW, LB), lambda: reference.linear(_LXN, LW, LB), rtol=1e-5, atol=1e-5)
+    equal(f"{_p}-weight-transposed-view", lambda f=_fn: f(LX, np.ascontiguousarray(LW.T).T, LB), lambda f=_fn: f(LX, LW, LB))
+    for _label, _t in (("not-nested", (16, 16)), ("str", "abc"), ("zero", ((0, 16), (16, 16), (16, 16))),
+                       ("negative", ((-16, 16), (16, 16), (16, 16)))):
+        raises(f"{_p}-cube_tiles-{_label}", lambda f=_fn, t=_t: f(LX, LW, LB, cube_tiles=t), TileError, r"cube[_ ]tiles? ")
+    raises(f"{_p}-cube_tiles-float", lambda f=_fn: f(LX, LW, LB, cube_tiles=((16.5, 32), (16, 32), (16, 32))), TileError,
+           r"cube_tiles must be .* of integers")
+    raises(f"{_p}-cube_tiles-bool", lambda f=_fn: f(LX, LW, LB, cube_tiles=((True, 32), (16, 32), (16, 32))), TileError,
+           r"cube_tiles must be .* of integers")
+    raises(f"{_p}-cube_tiles-unaligned", lambda f=_fn: f(LX, LW, LB, cube_tiles=((17, 34), (16, 32), (16, 32))), TileError,
+           r"not a multiple of 16 elements")
+    raises(f"{_p}-cube_tiles-L0-overflow", lambda f=_fn: f(LX, LW, LB, cube_tiles=((256, 256), (256, 256), (256, 256))),
+           TileError, r"need L0[ABC] = ")
+    raises(f"{_p}-cube_tiles-L1-not-multiple", lambda f=_fn: f(LX, LW, LB, cube_tiles=((32, 48), (16, 32), (16, 32))),
+           TileError, r"mL1 % mL0 == 0")
+    raises(f"{_p}-output-over-int32", lambda s=_s: getattr(linear, f"plan_{s}")((2**16, 16), (2**16, 16)), ConstraintError,
+           r"INT32_MAX", xfail=FINDINGS)
+    _profile_cases(_p, lambda f=_fn, **kw: f(LX, LW, LB, **kw))
+
+# ---------------------------------------------------------------------------------------------
+# embedding
+
+_EMB = {"gather": embedding.gather, "index_select": embedding.index_select}
+for _s, _fn in _EMB.items():
+    _p = f"embedding.{_s}"
+    _tensor_cases(_p, "weight", EMB, lambda a, f=_fn: f(a, IDS), rank_bad=EMB[0], huge_shape=(2**28, 8))
+    raises(f"{_p}-ids-out-of-range", lambda f=_fn: f(EMB, np.array([[1, 2], [10, 0]], np.int32)), IndexError,
+           r"ids\[1, 0\] = 10 is out of range \[0, 10\)")
+    raises(f"{_p}-ids-negative", lambda f=_fn: f(EMB, np.array([3, -1], np.int64)), IndexError, r"ids\[1\] = -1 is out of range")
+    raises(f"{_p}-ids-float", lambda f=_fn: f(EMB, IDS.astype(np.float64)), DTypeError, r"ids have dtype float64; accepted: int32 or int64")
+    raises(f"{_p}-ids-bool", lambda f=_fn: f(EMB, IDS > 0), DTypeError, r"ids have dtype bool")
+    raises(f"{_p}-ids-uint32", lambda f=_fn: f(EMB, IDS.astype(np.uint32)), DTypeError, r"ids have dtype uint32")
+    raises(f"{_p}-ids-object", lambda f=_fn: f(EMB, IDS.astype(object)), DTypeError, r"ids have dtype object")
+    raises(f"{_p}-ids-list", lambda f=_fn: f(EMB, [1, 2]), DTypeError, r"ids must be a numpy array")
+    raises(f"{_p}-ids-zero-size", lambda f=_fn: f(EMB, np.empty((0,), np.int32)), ShapeError, r"ids has shape \(0,\) with no elements")
+    raises(f"{_p}-ids-over-int32", lambda f=_fn: f(EMB, _huge((2**31,), np.int32)), ConstraintError,
+           r"ids has 2147483648 elements.*INT32_MAX", xfail=FINDINGS, needs_cap=True)
+    raises(f"{_p}-output-over-int32", lambda s=_s: getattr(embedding, f"plan_{s}")((10, 2**16), (2**16,)), ConstraintError,
+           r"INT32_MAX", xfail=FINDINGS)
+    equal(f"{_p}-ids-negstride", lambda f=_fn: f(EMB, IDS[::-1, ::-1]), lambda f=_fn: f(EMB, np.ascontiguousarray(IDS[::-1, ::-1])))
+    equal(f"{_p}-ids-int64", lambda f=_fn: f(EMB, IDS.astype(np.int64)), lambda f=_fn: f(EMB, IDS))
+    check(f"{_p}-nan-inf-rows-copied", lambda f=_fn: f(_SPECIAL[:8].reshape(1, 8).repeat(3, 0), np.array([2, 0], np.int32)),
+          lambda out: np.testing.assert_array_equal(out.view(np.uint32), _SPECIAL[:8].reshape(1, 8).repeat(2, 0).view(np.uint32)))
+    raises(f"{_p}-out-shape", lambda f=_fn: f(EMB, IDS, out=np.empty((2, 2, 7), F32)), ShapeError, r"out must be")
+    raises(f"{_p}-out-noncontig", lambda f=_fn: f(EMB, IDS, out=np.broadcast_to(np.zeros(8, F32), (2, 2, 8))), ShapeError,
+           r"out must be a C-contiguous float32 array of shape \(2, 2, 8\)")
+    raises(f"{_p}-out-readonly", lambda f=_fn: f(EMB, IDS, out=_readonly(np.zeros((2, 2, 8), F32))), (ShapeError, ConstraintError),
+           r"out must be .*writeable", xfail=FINDINGS)
+    _tile_cases(_p, "row_tile", lambda f=_fn, **kw: f(EMB, IDS, **kw), too_big=10**6, unaligned=3)
+    _tile_cases(_p, "h_tile", lambda f=_fn, **kw: f(EMB, IDS, **kw), too_big=10**6, unaligned=7)
+    _profile_cases(_p, lambda f=_fn, **kw: f(EMB, IDS, **kw))
+raises("embedding.index_select-ids-3d", lambda: embedding.index_select(EMB, IDS[None]), ShapeError, r"use embedding.gather")
+equal("embedding.gather-ids-0d", lambda: embedding.gather(EMB, np.array(3, np.int64)), lambda: EMB[3])
+
+# ---------------------------------------------------------------------------------------------
+# plans (advise() uses them alone): the same size limits as the data path, without any data
+
+_OVER = r"has \d+ elements, more than PyPTO's INT32_MAX"
+raises("mean.plan_sum_div-over-int32", lambda: mean.plan_sum_div((2**16, 2**15 + 1)), ConstraintError, rf"x {_OVER}")
+raises("moe.plan_sigmoid_gating-over-int32", lambda: moe.plan_sigmoid_gating((2**27, 16)), ConstraintError, rf"logits {_OVER}")
+raises("moe.plan_softmax_gating-over-int32", lambda: moe.plan_softmax_gating((2**27, 16)), ConstraintError, rf"logits {_OVER}")
+raises("moe.plan_combine-over-int32", lambda: moe.plan_combine((2**20, 2, 2**10)), ConstraintError, rf"expert_out {_OVER}")
+for _k in ("standard", "interleaved", "fused_rmsnorm"):
+    raises(f"rope.plan_{_k}-over-int32", lambda k=_k: getattr(rope, f"plan_{k}")((2**21, 2**10, 1, 2)), ConstraintError, rf"x {_OVER}")
+raises("rope.plan_rmsnorm-over-int32", lambda: rope.plan_rmsnorm((2**21, 2**10, 1, 2)), ConstraintError, rf"x {_OVER}")
+for _s in ("online", "flash"):
+    _plan = getattr(attention, f"plan_{_s}")
+    raises(f"attention.plan_{_s}-q-over-int32", lambda pl=_plan: pl((1, 2**10, 2**18, 8), (1, 2**10, 4, 8)), ConstraintError,
+           rf"q {_OVER}", xfail=FINDINGS)
+    raises(f"attention.plan_{_s}-k-over-int32", lambda pl=_plan: pl((1, 8, 1, 8), (1, 8, 2**28, 8)), ConstraintError,
+           rf"k {_OVER}", xfail=FINDINGS)
+    # Dv >> D: q, k and v fit, the output [B, Hq, Sq, Dv] does not (a 32 GiB allocation)
+    raises(f"attention.plan_{_s}-output-over-int32", lambda pl=_plan: pl((1, 64, 2**17, 1), (1, 64, 1, 1), (1, 64, 1, 2**8)),
+           ConstraintError, r"output.*INT32_MAX", xfail=FINDINGS)
+
+for _s in _ATT:
+    raises(f"attention.{_s}-output-over-int32", lambda f=_ATT[_s]: f(_normal((1, 64, 2**17, 1)), _normal((1, 64, 1, 1)),
+                                                                       _normal((1, 64, 1, 2**8))),
+           ConstraintError, r"output.*INT32_MAX", xfail=FINDINGS, needs_cap=True)
+raises("attention.plan_standard-output-over-int32",
+       lambda: attention.plan_standard((1, 64, 2**17, 1), (1, 64, 1, 1), (1, 64, 1, 2**8)),
+       ConstraintError, r"output.*INT32_MAX", xfail=FINDINGS)
+
+# ---------------------------------------------------------------------------------------------
+# profiles
+
+raises("load_profile-unknown", lambda: pn.load_profile("nope"), ProfileError, r"unknown hardware profile 'nope'")
+raises("load_profile-empty", lambda: pn.load_profile(""), ProfileError, r"unknown hardware profile ''")
+raises("load_profile-path-traversal", lambda: pn.load_profile("../tiles/ascend910b"), ProfileError,
+       r"unknown hardware profile '../tiles/ascend910b'")
+raises("load_profile-type", lambda: pn.load_profile(["ascend910b"]), ProfileError, r"profile must be a name or a HardwareProfile, not list")
+raises("load_profile-is-keyerror", lambda: pn.load_profile("nope"), KeyError, r"unknown hardware profile")
+raises("load_profile-is-valueerror", lambda: pn.load_profile("nope"), ValueError, r"unknown hardware profile")
+raises("use_profile-unknown", lambda: pn.use_profile("nope"), ProfileError, r"unknown hardware profile 'nope'")
+raises("use_profile-type", lambda: pn.use_profile(910), ProfileError, r"profile must be a name")
+
+
+def _use_profile_restores():
+    before = pn.active_profile().name
+    try:
+        with pn.use_profile("nope"):
+            pass
+    except ProfileError:
+        pass
+    with pn.use_profile("ascend950"):
+        inside = pn.active_profile().name
+    return before, inside, pn.active_profile().name
+
+
+check("use_profile-restores-after-error", _use_profile_restores,
+      lambda r: expect(r == ("ascend910b", "ascend950", "ascend910b"), r))
+
+
+def _env_profile(name):
+    old = os.environ.get("PYPTO_NUMBA_PROFILE")
+    os.environ["PYPTO_NUMBA_PROFILE"] = name
+    try:
+        return gelu.tanh(X)
+    finally:
+        if old is None:
+            del os.environ["PYPTO_NUMBA_PROFILE"]
+        else:
+            os.environ["PYPTO_NUMBA_PROFILE"] = old
+
+
+raises("PYPTO_NUMBA_PROFILE-unknown", lambda: _env_profile("nope"), ProfileError, r"unknown hardware profile 'nope'")
+
+# ---------------------------------------------------------------------------------------------
+# compare / advise
+
+raises("compare-op-unknown", lambda: pn.compare("softmax"), PyptoNumbaError, r"compare: unknown op 'softmax'")
+raises("compare-strategy-unknown", lambda: pn.compare("gelu", X, strategies=["exact"]), PyptoNumbaError,
+       r"gelu has no strategy \['exact'\]")
+raises("compare-x-float64", lambda: pn.compare("gelu", X.astype(np.float64)), DTypeError, r"x has dtype float64")
+raises("compare-inputs-list", lambda: pn.compare("gelu", X.tolist()), DTypeError, r"compare: .*numpy array")
+raises("compare-policy-unknown", lambda: pn.compare("gelu", X, policy="strict"), PyptoNumbaError, r"unknown tolerance policy 'strict'")
+raises("compare-repeats", lambda: pn.compare("gelu", X, repeats="5"), PyptoNumbaError, r"repeats must be")
+raises("compare-mean-dim", lambda: pn.compare("mean", MX, dim=4), ShapeError, r"dim=4 is out of range")
+check("compare-bad-tile-ruled-out", lambda: pn.compare("gelu", X, tile=33, repeats=1),
+      lambda c: expect([r.verdict for r in c.rows] == ["RULED OUT", "RULED OUT"]
+                       and "tile x_ub last dim 33" in c.rows[0].ruled_out, c.to_table()))
+check("compare-nan-input", lambda: pn.compare("gelu", _SPECIAL, repeats=1),
+      lambda c: expect([r.verdict for r in c.rows] == ["PASS", "PASS"], c.to_table()))
+raises("compare-profile-unknown", lambda: pn.compare("gelu", X, profile="nope"), ProfileError, r"unknown hardware profile 'nope'")
+raises("advise-op-unknown", lambda: pn.advise("softmax"), PyptoNumbaError, r"advise: unknown op 'softmax'")
+raises("advise-keyword-unknown", lambda: pn.advise("gelu", size=3), PyptoNumbaError, r"scenario keywords are shape, dtype, exact")
+raises("advise-gelu-dtype", lambda: pn.advise("gelu", dtype="float64"), DTypeError, r"dtype 'float64'")
+raises("advise-gelu-zero", lambda: pn.advise("gelu", shape=(0, 8)), ShapeError, r"zero-size")
+raises("advise-gelu-over-int32", lambda: pn.advise("gelu", shape=(2**16, 2**15 + 1)), ConstraintError, r"INT32_MAX")
+raises("advise-mean-dim", lambda: pn.advise("mean", dim=2), ShapeError, r"dim=2 is out of range")
+raises("advise-attention-zero-kv", lambda: pn.advise("attention", kv_len=0), ShapeError, r"positive dims")
+raises("advise-attention-gqa", lambda: pn.advise("attention", q_heads=32, kv_heads=5), ShapeError, r"Hq=32 is not a multiple of Hkv=5")
+raises("advise-moe-top_k", lambda: pn.advise("moe", top_k=0), ConstraintError, r"top_k=0 must be")
+raises("advise-moe-experts", lambda: pn.advise("moe", experts=8000, n_group=8, topk_group=4), TileError, r"MERGE_SORT")
+raises("advise-repeat_kv-strategy", lambda: pn.advise("repeat_kv", strategy="standard"), PyptoNumbaError, r"strategy must be one of")
+raises("advise-profile-unknown", lambda: pn.advise("gelu", profile="nope"), ProfileError, r"unknown hardware profile 'nope'")
+raises("advise-linear-zero", lambda: pn.advise("linear", tokens=0), ShapeError, r"zero-size|positive", xfail=FINDINGS)
+raises("advise-embedding-zero", lambda: pn.advise("embedding", ids_shape=(0,)), ShapeError, r"zero-size|no elements",
+       xfail=FINDINGS)
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker (subprocess) and the pytest side
+
+
+def _limit_address_space(extra_bytes=4 << 30) -> bool:
+    """Cap the address space a few GiB above the current size: a runaway allocation -> MemoryError.
+    Returns whether the cap is in force (Linux); without it the ``needs_cap`` cases are skipped."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as fh:
+            vm = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = vm + extra_bytes
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        if hard != resource.RLIM_INFINITY and hard < limit:
+            return False
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        return True
+    except (ImportError, OSError, ValueError):  # not Linux: no cap
+        return False
+
+
+CASE_SECONDS = 60  # a case that hangs (e.g. a Python loop over a huge count) fails after this
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise CaseTimeout(f"the call did not return within {CASE_SECONDS} s")
+
+
+def _evaluate(case: Case) -> dict:
+    try:
+        if hasattr(signal, "SIGALRM"):
+            signal.alarm(CASE_SECONDS)
+        try:
+            got = case.call()
+        finally:
+            if hasattr(signal, "SIGALRM"):
+                signal.alarm(0)
+        error = None
+    except Exception as exc:  # noqa: BLE001 - every failure is a result to report
+        got, error = None, exc
+    try:
+        if case.kind == "raises":
+            if error is None:
+                return {"ok": False, "detail": f"no exception; returned {type(got).__name__}"}
+            if not isinstance(error, case.exc):
+                return {"ok": False, "detail": f"raised {type(error).__module__}.{type(error).__name__}: {error}"[:2000]}
+            if not re.search(case.pattern, str(error)):
+                return {"ok": False, "detail": f"message {str(error)!r} does not match {case.pattern!r}"[:2000]}
+            return {"ok": True, "detail": f"{type(error).__name__}: {error}"[:500]}
+        if error is not None:
+            return {"ok": False, "detail": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-2500:]}
+        if case.kind == "check":
+            result = case.ref(got)
+            if result is False:
+                return {"ok": False, "detail": "check returned False"}
+            return {"ok": True, "detail": "check passed"}
+        ref = case.ref()
+        gots = got if isinstance(got, tuple) else (got,)
+        refs = ref if isinstance(ref, tuple) else (ref,)
+        assert len(gots) == len(refs), (len(gots), len(refs))
+        for g, r in zip(gots, refs):
+            g, r = np.asarray(g), np.asarray(r)
+            assert g.shape == r.shape, f"shape {g.shape} != {r.shape}"
+            if case.kind == "equal":
+                assert g.dtype == r.dtype, f"dtype {g.dtype} != {r.dtype}"
+                np.testing.assert_array_equal(g, r)
+            else:
+                np.testing.assert_allclose(g.astype(np.float64), r.astype(np.float64), rtol=case.rtol, atol=case.atol,
+                                           equal_nan=True)
+        return {"ok": True, "detail": "result as expected"}
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"[:2500]}
+
+
+def main(out_path: str):
+    capped = _limit_address_space()
+    if hasattr(signal, "SIGALRM"):
+        signal.signal(signal.SIGALRM, _alarm)
+    results = {}
+    for case in CASES:
+        print(case.id, file=sys.stderr, flush=True)  # the last line names the case of a crash
+        if case.needs_cap and not capped:
+            results[case.id] = {"ok": None, "detail": "skipped: no address-space cap on this platform"}
+            continue
+        results[case.id] = _evaluate(case)
+    with open(out_path, "w") as fh:
+        json.dump(results, fh)
+
+
+def child_env() -> dict:
+    """The environment of a worker subprocess: it imports the same pypto_numba as this process."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(pn.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("NUMBA_NUM_THREADS", "2")
+    return env
+
+
+@pytest.fixture(scope="module")
+def results():
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "results.json")
+        env = child_env()
+        proc = subprocess.run([sys.executable, __file__, out], capture_output=True, text=True, env=env, timeout=900)
+        if proc.returncode != 0 or not os.path.exists(out):
+            last = proc.stderr.strip().splitlines()[-5:]
+            pytest.fail(f"bad-input worker died (rc={proc.returncode}); last lines: {last}", pytrace=False)
+        with open(out) as fh:
+            return json.load(fh)
+
+
+def _params():
+    out = []
+    for case in CASES:
+        marks = [pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else []
+        out.append(pytest.param(case.id, id=case.id, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("case_id", _params())
+def test_bad_input(case_id, results):
+    r = results[case_id]
+    if r["ok"] is None:
+        pytest.skip(r["detail"])
+    assert r["ok"], r["detail"]
+
+
+def test_matrix_size():
+    """Every public function is in the matrix (and the matrix keeps its size)."""
+    prefixes = {c.id.split("-")[0] for c in CASES}
+    for op, entries in pn.strategies().items():
+        for e in entries:
+            assert f"{op}.{e.name}" in prefixes, f"{op}.{e.name} has no bad-input cases"
+    for name in ("rope.cos_sin", "load_profile", "use_profile", "compare", "advise"):
+        assert name in prefixes, name
+    assert len(CASES) >= 600, len(CASES)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
