@@ -626,6 +626,8 @@ def shapes_of(q_shape, k_shape, v_shape, where):
     _, Hkv, Skv, _ = k_shape
     if Hq % Hkv:
         raise ShapeError(f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0)")
+    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape), ("the output [B, Hq, Sq, Dv]", (B, Hq, Sq, v_shape[3]))):
+        inputs.check_size(s, name, where)
     return B, Hq, Sq, D, Hkv, Skv, v_shape[3]
 
 
