@@ -33,6 +33,7 @@ from . import inputs
 from .errors import ConstraintError, DTypeError
 from .machine import dtypes, vmath
 from .machine.jit import device, kernel
+from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
 from .machine.profile import load_profile
 from .strategy import Launch, register
@@ -135,7 +136,8 @@ def _gelu_kernel(x, out, tile, variant, storage_math, ops_per_elem):
 # plans
 
 
-def _plan(variant: str, shape, dtype: str, profile=None, tile=None, math="fp32") -> Plan:
+@memo_plan
+def _plan(variant: str, shape, dtype: str, *, profile=None, tile=None, math="fp32") -> Plan:
     prof = load_profile(profile)
     where = f"gelu.{variant}"
     if math not in MATHS:
@@ -174,12 +176,12 @@ def _plan(variant: str, shape, dtype: str, profile=None, tile=None, math="fp32")
 
 def plan_tanh(shape, dtype="fp32", *, profile=None, tile=None, math="fp32") -> Plan:
     """Plan of :func:`tanh` for an input of ``shape`` and storage ``dtype`` (no data needed)."""
-    return _plan("tanh", shape, dtype, profile, tile, math)
+    return _plan("tanh", shape, dtype, profile=profile, tile=tile, math=math)
 
 
 def plan_erf(shape, dtype="fp32", *, profile=None, tile=None, math="fp32") -> Plan:
     """Plan of :func:`erf` for an input of ``shape`` and storage ``dtype`` (no data needed)."""
-    return _plan("erf", shape, dtype, profile, tile, math)
+    return _plan("erf", shape, dtype, profile=profile, tile=tile, math=math)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,7 +191,7 @@ def plan_erf(shape, dtype="fp32", *, profile=None, tile=None, math="fp32") -> Pl
 def _run(variant: str, x, profile, tile, math, out):
     where = f"gelu.{variant}"
     xt = inputs.tensor(x, "x", where)
-    p = _plan(variant, xt.shape, xt.dtype, profile, tile, math)
+    p = _plan(variant, xt.shape, xt.dtype, profile=profile, tile=tile, math=math)
     result, out_k = inputs.output(where, xt, out)
     with Launch(p, [xt.shape]) as run:
         run.count(

@@ -62,6 +62,7 @@ from . import inputs
 from .errors import ConstraintError
 from .machine import dtypes, tile
 from .machine.jit import kernel
+from .machine.memo import memo_plan
 from .machine.plan import Buffer, KernelPlan, Plan, align_elems, reduce_tile, vector_tile
 from .machine.profile import load_profile
 from .strategy import Launch, register
@@ -284,6 +285,7 @@ def _strided_kernel_plan(name, outer, length, inner, din, dout, finish, split, p
     return k, params
 
 
+@memo_plan
 def plan_sum_div(shape, dtype="fp32", *, dim=-1, keepdim=False, profile=None, row_tile=None,
                  rows_per_task=None, inner_tile=None, split="auto") -> Plan:
     """Plan of :func:`sum_div` for an input of ``shape`` and storage ``dtype`` (no data needed).

@@ -62,6 +62,7 @@ from . import inputs
 from .errors import ConstraintError, DTypeError, ShapeError, TileError
 from .machine import dtypes, vmath
 from .machine.jit import device, kernel
+from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_tile
 from .machine.profile import load_profile
 from .strategy import Launch, register
@@ -430,6 +431,7 @@ def _gating_ops_per_row(softmax, E, dtype, use_bias, n_group, top2, top_k, renor
     return ops
 
 
+@memo_plan
 def _plan_gating(variant, shape, dtype, *, top_k, n_group, topk_group, group_score, renormalize,
                  bias_dtype, profile, token_tile) -> Plan:
     prof = load_profile(profile)
@@ -527,6 +529,7 @@ def plan_softmax_gating(shape, dtype="fp32", *, top_k=8, n_group=1, topk_group=1
                         profile=profile, token_tile=token_tile)
 
 
+@memo_plan
 def plan_combine(shape, dtype="fp32", *, weights_dtype="fp32", profile=None, token_tile=None,
                  h_tile=None) -> Plan:
     """Plan of :func:`combine` for ``expert_out`` of ``shape`` = (T, k, H) (no data needed)."""

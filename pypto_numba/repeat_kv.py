@@ -22,6 +22,7 @@ from . import inputs
 from .errors import ConstraintError, DTypeError
 from .machine import dtypes
 from .machine.jit import kernel
+from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
 from .machine.profile import load_profile
 from .strategy import Launch, register
@@ -70,6 +71,7 @@ def expand_kernel_plan(shape, n_rep: int, dtype: str, prof, name: str = "expand_
     )
 
 
+@memo_plan
 def plan_expand_clone(shape, n_rep, dtype="fp32", *, profile=None) -> Plan:
     """Plan of :func:`expand_clone` for ``kv`` of ``shape`` [B, Hkv, S, D] (no data needed)."""
     where = "repeat_kv.expand_clone"
