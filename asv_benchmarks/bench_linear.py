@@ -8,10 +8,13 @@ weights: the ratio to ``torch.nn.functional.linear`` on bf16 is reported.
 - ``track_gm_bytes``: the plan's modelled GM traffic (read + write; deterministic).
 - ``track_vs_numpy`` (fp32, M=2048): NumPy time / fused_bias time, alternating runs in the same
   process (> 1: we are faster). NumPy's BLAS uses its own threads; ours runs one BLAS thread per
-  tile task (see pypto_numba.machine.cube).
+  prange task, each task a group of cube blocks of about 512 x 512 outputs (see
+  pypto_numba.machine.cube: the counts stay per block).
 - ``track_decode_vs_copy`` (M in {1, 8}): the weight is the traffic that matters at decode, so
   the peer is a numba prange copy that moves the weight's bytes in total (reads w.nbytes/2,
-  writes w.nbytes/2): 1.0 = weight streamed at copy bandwidth.
+  writes w.nbytes/2): 1.0 = weight streamed at copy bandwidth. (For 16-bit weights the copy
+  moves 16 + 16 MB, which partly stays in a 48 MB L3: a strict peer.) Decode runs the
+  hand-written skinny loops of the cube (M < 16), not BLAS.
 - ``track_vs_torch``: torch.nn.functional.linear time / fused_bias time, same dtype and threads
   (NaN when torch is not installed).
 """

@@ -45,11 +45,17 @@ sq_ub = 8*16*128*4 = 64 KiB: exactly the reduction limit, so T=8 is the largest 
 kernel could use. With the default ``token_tile`` the plan lowers T until the tiles fit (recorded
 in ``plan.params["token_tile"]``); an explicit ``token_tile`` that does not fit is a TileError.
 
-On the CPU each token's H*D results are computed into a per-thread staging row (the out tile in
-UB) and copied out in one go; outputs of >= ``STREAM_MIN_BYTES`` (4 MiB) are copied out with
-streaming (non-temporal) stores, which skip the read-for-ownership of the destination lines that
-otherwise costs a third of the DRAM traffic of this memory-bound op. Every strategy takes
-``out=`` (x's shape and dtype; ``out=x`` works in place: a token is read before it is written).
+On the CPU each head row's D results are computed into a small per-thread staging row (the out
+tile in UB) and written out at once. A task's output (T tokens x H x D) is one contiguous run of
+out; for outputs of >= ``STREAM_MIN_BYTES`` (4 MiB) every whole 64-byte line of that run is
+written with a streaming (non-temporal) store -- the partial line between two head rows is
+carried over in the staging row, only the partial lines at the task's two ends get plain stores
+-- which skips the read-for-ownership of the destination lines that otherwise costs a third of
+the DRAM traffic of this memory-bound op (whole lines: a line that gets both plain and streaming
+stores, or is streamed in two halves, is the slow case). Every strategy takes ``out=`` (x's shape
+and dtype; ``out=x`` works in place: a head row is read before it is written). A fresh output
+costs its page faults on top (the kernel zeroes each new page before the first write): pass
+``out=`` to reuse one.
 
 Vector ops per element (cast = 1 for bf16/fp16, else 0; rows = N*H): rope 3 per rotated element
 (2 mul + 1 add) + cast*(2 per rotated element + 2R per token for cos/sin); interleaved adds 2 per
@@ -65,7 +71,10 @@ import numbers
 
 import numba
 import numpy as np
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from . import inputs
 from .errors import ConstraintError, DTypeError, ShapeError
@@ -76,9 +85,9 @@ from .machine import tile
 from .machine.profile import load_profile
 from .machine.tile import STREAM_MIN_BYTES
 from .machine.tile import copy as _copy
-from .machine.tile import copy_out as _copy_out
 from .machine.tile import scratch as _scratch
 from .machine.tile import store_fence as _store_fence
+from .embedding import LINE, stream_lines
 from .strategy import Launch, register
 
 ROPE_OPS = 3  # per rotated element: 2 mul + 1 add/sub
@@ -98,6 +107,72 @@ ROW_OPS = 3  # per row: *1/D, +eps, rsqrt
 # Per-thread scratch comes in as arguments: numba.get_num_threads() inside a kernel would make
 # it uncacheable.
 
+V16 = 16  # fp32 lanes of one 64-byte line
+
+
+@intrinsic
+def _rotate_stream(typingctx, out, o_off, x, x_off, cf, sf, half):
+    """fp32 split-half rotation of one head row straight from x to out with 64-byte streaming
+    stores: ``out[o+i] = x[i]*cf[i] - x[h+i]*sf[i]``, ``out[o+h+i] = x[h+i]*cf[h+i] + x[i]*sf[h+i]``
+    (i < h = ``half``, a multiple of 16; ``out[o_off]`` and ``out[o_off + half]`` 64-byte aligned).
+
+    Why: computing into a staging row and then streaming it out costs an extra store and load
+    per element through L1, measured 0.6-0.85x of streaming straight from registers; numba's
+    vectoriser cannot emit streaming stores itself, so the loop is written in LLVM IR (one line
+    per half and step, the same fp32 operations and roundings as :func:`_rotate`: a product, then
+    a fused multiply-add). In place (``out`` = ``x``) is safe: each step reads its lines before it writes
+    them, and later steps read only lines not yet written.
+    """
+    if not all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32 for a in (out, x, cf, sf)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        o_arr = context.make_array(sig.args[0])(context, builder, args[0])
+        x_arr = context.make_array(sig.args[2])(context, builder, args[2])
+        c_arr = context.make_array(sig.args[4])(context, builder, args[4])
+        s_arr = context.make_array(sig.args[5])(context, builder, args[5])
+        oo, xo, h = args[1], args[3], args[6]
+        i64 = ir.IntType(64)
+        v16 = ir.VectorType(ir.FloatType(), V16)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3), "llvm.fma.v16f32")
+        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+
+        def ptr(arr, off):
+            return builder.bitcast(builder.gep(arr.data, [off]), v16.as_pointer())
+
+        with cgutils.for_range(builder, builder.udiv(h, ir.Constant(i64, V16))) as loop:
+            j = builder.mul(loop.index, ir.Constant(i64, V16))
+            jh = builder.add(j, h)
+            a = builder.load(ptr(x_arr, builder.add(xo, j)), align=4)
+            b = builder.load(ptr(x_arr, builder.add(xo, jh)), align=4)
+            c1 = builder.load(ptr(c_arr, j), align=4)
+            c2 = builder.load(ptr(c_arr, jh), align=4)
+            s1 = builder.load(ptr(s_arr, j), align=4)
+            s2 = builder.load(ptr(s_arr, jh), align=4)
+            # the roundings of _rotate as LLVM contracts it (checked bit for bit by the tests):
+            # lo = fma(a, c1, -(b*s1)), hi = fma(a, s2, b*c2)
+            lo = builder.call(fma, [a, c1, builder.fneg(builder.fmul(b, s1))])
+            hi = builder.call(fma, [a, s2, builder.fmul(b, c2)])
+            st = builder.store(lo, ptr(o_arr, builder.add(oo, j)), align=LINE)
+            st.set_metadata("nontemporal", nontemporal)
+            st = builder.store(hi, ptr(o_arr, builder.add(oo, jh)), align=LINE)
+            st.set_metadata("nontemporal", nontemporal)
+        return context.get_dummy_value()
+
+    return types.void(out, types.uint64, x, types.uint64, cf, sf, types.uint64), codegen
+
+
+def _rotate_direct(of, o, xf, cf, sf, half):
+    """fp32 kernels: :func:`_rotate_stream`; a no-op for 16-bit views (never called for them)."""
+
+
+@overload(_rotate_direct, jit_options={"forceinline": True})
+def _rotate_direct_impl(of, o, xf, cf, sf, half):
+    if isinstance(of, types.Array) and of.dtype == types.float32:
+        return lambda of, o, xf, cf, sf, half: _rotate_stream(of, o, xf, o, cf, sf, half)
+    return lambda of, o, xf, cf, sf, half: None
+
+
 @device
 def _rotate(src, s_off, dst, d_off, cf, sf, half):
     """Split-half rotation of one head row ``src[s_off:]`` (storage or fp32) into ``dst[d_off:]``,
@@ -112,14 +187,41 @@ def _rotate(src, s_off, dst, d_off, cf, sf, half):
         dst[d_off + half + i] = dtypes.narrow(dst, c * cf[half + i] + a * sf[half + i])
 
 
+@device
+def _flush(staged, k, of, e, pre, L):
+    """Write ``staged[0:k]`` to ``of[e:e+k]``: the first ``pre`` elements (up to the task's first
+    line boundary) with plain stores, then every whole 64-byte line with streaming stores; the
+    rest (< one line) moves to the front of ``staged`` for the next head row. All uint64.
+    Returns (e, k, pre) after the write."""
+    p = min(pre, k)
+    if p:
+        _copy(staged, np.uint64(0), of, e, p)
+    n = (k - p) & ~(L - np.uint64(1))  # whole lines (L is a power of two: no division)
+    stream_lines(of, e + p, staged, p, n * np.uint64(of.itemsize))
+    done = p + n
+    rest = k - done
+    for i in range(rest):  # ascending: safe for the overlapping move to the front
+        staged[i] = staged[done + i]
+    return e + done, rest, pre - p
+
+
 @kernel
-def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do_rope, cast, stream, fscratch, oscratch):
-    """rmsnorm (do_norm), standard rope (do_rope), or both fused with fp32 in between."""
+def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do_rope, cast, stream, direct, fscratch, oscratch):
+    """rmsnorm (do_norm), standard rope (do_rope), or both fused with fp32 in between.
+
+    x and out are [tokens, H*D] kernel views; a task's output (T tokens x H*D) is one contiguous
+    run of ``out``. Each head row is computed into a small staging row (the out tile in UB) and
+    written out at once: with ``stream``, by whole-line streaming stores (the partial lines at
+    the two ends of the task with plain stores, the partial line between two head rows carried
+    over in the staging row), else by plain stores. ``direct`` (fp32 rope without norm, every
+    head row and its rotary halves line-aligned): no staging, :func:`_rotate_stream`.
+    """
     HD = x.shape[1]
     D = HD // H
     R = cos.shape[1] if do_rope else 0
     uD = np.uint64(D)
     uR = np.uint64(R)
+    uHD = np.uint64(HD)
     uhalf = np.uint64(R // 2)
     n_lead = cbase.size
     s_tiles = (S + T - 1) // T
@@ -127,6 +229,13 @@ def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do
     inv_d = np.float32(1.0 / D)
     eps32 = np.float32(eps)
     one = np.float32(1.0)
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    cflat = cos.reshape(-1)
+    sflat = sin.reshape(-1)
+    size = np.uint64(out.itemsize)
+    L = np.uint64(LINE) // size  # elements per cache line
+    addr0 = np.uint64(of.ctypes.data)
     tasks = 0
     gm_read = 0
     gm_write = 0
@@ -140,36 +249,55 @@ def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do
         wf = fscratch[tid, 1]
         cf = fscratch[tid, 2]
         sf = fscratch[tid, 3]
-        staged = oscratch[tid]
+        staged = oscratch[tid]  # one head row + the carried partial line
         if do_norm:
             for j in range(D):
                 wf[j] = dtypes.widen(weight[j])
+        row0 = lead * S + s0
+        e = np.uint64(row0) * uHD  # next element of out to write
+        k = np.uint64(0)  # elements waiting in staged
+        pre = np.uint64(0)  # elements before the task's first line boundary (plain stores)
+        if stream:
+            pre = (L - (addr0 + e * size) % np.uint64(LINE) // size) % L
         for t in range(valid):
-            if do_rope:
-                crow = cbase[lead] + s0 + t
-                for i in range(R):
-                    cf[i] = dtypes.widen(cos[crow, i])
-                    sf[i] = dtypes.widen(sin[crow, i])
-            xt = x[lead * S + s0 + t]
+            if do_rope:  # this token's cos/sin rows, widened (flat, uint64: vectorised)
+                cb = np.uint64(cbase[lead] + s0 + t) * uR
+                for i in range(uR):
+                    cf[i] = dtypes.widen(cflat[cb + i])
+                for i in range(uR):
+                    sf[i] = dtypes.widen(sflat[cb + i])
+            xb = np.uint64(row0 + t) * uHD
             for h in range(H):
-                off = np.uint64(h) * uD
+                off = xb + np.uint64(h) * uD
                 if do_norm:
                     ss = np.float32(0.0)
                     for j in range(uD):
-                        v = dtypes.widen(xt[off + j])
+                        v = dtypes.widen(xf[off + j])
                         y[j] = v
                         ss += v * v
                     rstd = one / np.sqrt(ss * inv_d + eps32)
                     for j in range(uD):
                         y[j] = y[j] * rstd * wf[j]
-                    _rotate(y, np.uint64(0), staged, off, cf, sf, uhalf)  # fp32 in, one cast
+                    _rotate(y, np.uint64(0), staged, k, cf, sf, uhalf)  # fp32 in, one cast
                     for j in range(uR, uD):
-                        staged[off + j] = dtypes.narrow(staged, y[j])
+                        staged[k + j] = dtypes.narrow(staged, y[j])
+                elif direct:  # fp32, line-aligned rows: from registers to GM, no staging
+                    _rotate_direct(of, off, xf, cf, sf, uhalf)
+                    stream_lines(of, off + uR, xf, off + uR, (uD - uR) * size)  # pass-through
+                    e += uD
+                    continue
                 else:
-                    _rotate(xt, off, staged, off, cf, sf, uhalf)
-                    _copy(xt, off + uR, staged, off + uR, uD - uR)  # pass-through: bit copy
-            _copy_out(out[lead * S + s0 + t], staged, HD, stream)
+                    _rotate(xf, off, staged, k, cf, sf, uhalf)
+                    _copy(xf, off + uR, staged, k + uR, uD - uR)  # pass-through: bit copy
+                k += uD
+                if stream:
+                    e, k, pre = _flush(staged, k, of, e, pre, L)
+                else:
+                    _copy(staged, np.uint64(0), of, e, k)
+                    e += k
+                    k = np.uint64(0)
         if stream:
+            _copy(staged, np.uint64(0), of, e, k)  # the partial line at the task's end
             _store_fence()
         rows = valid * H
         tasks += 1
@@ -197,10 +325,16 @@ def _interleaved_kernel(x, cos, sin, cbase, out, S, H, T, cast, stream, fscratch
     uD = np.uint64(D)
     uR = np.uint64(R)
     uhalf = np.uint64(R // 2)
+    uHD = np.uint64(HD)
     two = np.uint64(2)
     n_lead = cbase.size
     s_tiles = (S + T - 1) // T
     b = x.itemsize
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    size = np.uint64(out.itemsize)
+    L = np.uint64(LINE) // size
+    addr0 = np.uint64(of.ctypes.data)
     tasks = 0
     gm_read = 0
     gm_write = 0
@@ -219,7 +353,13 @@ def _interleaved_kernel(x, cos, sin, cbase, out, S, H, T, cast, stream, fscratch
         so = fscratch[tid, 5]
         ye = fscratch[tid, 6]
         yo = fscratch[tid, 7]
-        staged = oscratch[tid]
+        staged = oscratch[tid]  # one head row + the carried partial line (see _norm_rope_kernel)
+        row0 = lead * S + s0
+        e = np.uint64(row0) * uHD
+        kk = np.uint64(0)
+        pre = np.uint64(0)
+        if stream:
+            pre = (L - (addr0 + e * size) % np.uint64(LINE) // size) % L
         for t in range(valid):
             crow = cbase[lead] + s0 + t
             for k in range(uhalf):  # gathermask mode 1 (even) and mode 2 (odd) of cos and sin
@@ -227,23 +367,30 @@ def _interleaved_kernel(x, cos, sin, cbase, out, S, H, T, cast, stream, fscratch
                 co[k] = dtypes.widen(cos[crow, two * k + 1])
                 se[k] = dtypes.widen(sin[crow, two * k])
                 so[k] = dtypes.widen(sin[crow, two * k + 1])
-            xt = x[lead * S + s0 + t]
+            xb = np.uint64(row0 + t) * uHD
             for h in range(H):
-                off = np.uint64(h) * uD
+                off = xb + np.uint64(h) * uD
                 for k in range(uhalf):
-                    xe[k] = dtypes.widen(xt[off + two * k])
+                    xe[k] = dtypes.widen(xf[off + two * k])
                 for k in range(uhalf):
-                    xo[k] = dtypes.widen(xt[off + two * k + 1])
+                    xo[k] = dtypes.widen(xf[off + two * k + 1])
                 for k in range(uhalf):  # rotate the halves
                     ye[k] = xe[k] * ce[k] - xo[k] * se[k]
                 for k in range(uhalf):
                     yo[k] = xo[k] * co[k] + xe[k] * so[k]
                 for k in range(uhalf):  # assemble back into pairs, one cast
-                    staged[off + two * k] = dtypes.narrow(staged, ye[k])
-                    staged[off + two * k + 1] = dtypes.narrow(staged, yo[k])
-                _copy(xt, off + uR, staged, off + uR, uD - uR)
-            _copy_out(out[lead * S + s0 + t], staged, HD, stream)
+                    staged[kk + two * k] = dtypes.narrow(staged, ye[k])
+                    staged[kk + two * k + 1] = dtypes.narrow(staged, yo[k])
+                _copy(xf, off + uR, staged, kk + uR, uD - uR)
+                kk += uD
+                if stream:
+                    e, kk, pre = _flush(staged, kk, of, e, pre, L)
+                else:
+                    _copy(staged, np.uint64(0), of, e, kk)
+                    e += kk
+                    kk = np.uint64(0)
         if stream:
+            _copy(staged, np.uint64(0), of, e, kk)  # the partial line at the task's end
             _store_fence()
         rows = valid * H
         tasks += 1
@@ -554,7 +701,7 @@ def _weight(where, xt, weight):
 
 def _streamable(out_k):
     """Streaming stores for outputs of at least ``STREAM_MIN_BYTES`` (module attribute: tests lower it)."""
-    return tile.streamable(out_k, STREAM_MIN_BYTES)
+    return tile.streamable(out_k, STREAM_MIN_BYTES) and out_k.ctypes.data % out_k.itemsize == 0
 
 
 _DUMMY = {name: np.zeros((1, 2), dt) for name, dt in dtypes.KERNEL.items()}
@@ -582,16 +729,21 @@ def _run_norm_rope(kind, x, weight, cos, sin, eps, profile, token_tile, out):
         cbase = np.zeros(n_lead, np.int64)
         ck = sk = dummy
     wk = wt.kview if norm else dummy[0]
+    stream = _streamable(out_k)
+    line = LINE // out_k.itemsize
+    # fp32 rope alone, with every head row (and its second rotary half) starting on a line
+    direct = bool(stream and rope and not norm and xt.dtype == "fp32" and out_k.ctypes.data % LINE == 0
+                  and D % line == 0 and (R // 2) % line == 0)
     with Launch(p, [a.shape for a in (xt, wt, ct, st) if a is not None]) as run:
         run.count(
             _norm_rope_kernel(
                 xt.kview.reshape(-1, H * D), wk, ck, sk, cbase, out_k.reshape(-1, H * D),
                 S, H, p.params["token_tile"], float(eps if norm else 0.0), norm, rope,
-                int(xt.dtype != "fp32"), _streamable(out_k),
+                int(xt.dtype != "fp32"), stream, direct,
                 # per-thread scratch, allocated once per call: fp32 row, weight, cos, sin; and
                 # the staged output token (H*D in the storage dtype)
                 _scratch(max(D, R), np.float32, 4),
-                _scratch(H * D, out_k.dtype),
+                _scratch(D + LINE // out_k.itemsize, out_k.dtype),
             )
         )
         run.workspace(xt.copied_bytes + sum(a.copied_bytes for a in (wt, ct, st) if a is not None))
@@ -652,9 +804,9 @@ def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None):
                 out_k.reshape(-1, H * D), S, H, p.params["token_tile"], int(xt.dtype != "fp32"),
                 _streamable(out_k),
                 # per-thread scratch: x_even, x_odd, cos_even, cos_odd, sin_even, sin_odd,
-                # y_even, y_odd (fp32), and the staged output token
+                # y_even, y_odd (fp32), and the staged output head row (+ a carried line)
                 _scratch(R // 2, np.float32, 8),
-                _scratch(H * D, out_k.dtype),
+                _scratch(D + LINE // out_k.itemsize, out_k.dtype),
             )
         )
         run.workspace(xt.copied_bytes + ct.copied_bytes + st.copied_bytes)

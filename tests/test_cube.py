@@ -85,13 +85,34 @@ def test_walk_counts_formula():
 
 @pytest.mark.parametrize("dt", DTYPES)
 def test_skinny_and_blas_paths_agree(dt, rng):
-    # 13 rows: one 8-row pass, one 4-row pass, one single row
-    a, b, bias = make((13, 300), dt, rng), make((40, 300), dt, rng), make((40,), dt, rng)
-    fast, _, _ = _run(a, b, bias, skinny=False)
-    loops, _, _ = _run(a, b, bias, skinny=True)
+    # 13 rows: three 4-row register blocks and a single row; 41 weight rows: one 48-wide block
+    # of 20 weight-row pairs and a single row (gemv_rows' every branch), K = 300: kL1 tail
+    a, b, bias = make((13, 300), dt, rng), make((41, 300), dt, rng), make((41,), dt, rng)
+    fast, cf, walk = _run(a, b, bias, skinny=False)
+    loops, cl, _ = _run(a, b, bias, skinny=True)
     _check_close(loops, a, b, bias, dt)
     _check_close(fast, a, b, bias, dt)
     assert not np.array_equal(fast, np.zeros_like(fast))
+    assert cf == cl == (walk.tasks, walk.gm_read_bytes, walk.gm_write_bytes, 0, walk.cube_flops)
+
+
+@pytest.mark.parametrize("edge", [32, 96, 10**6])
+def test_grouped_blas_calls_count_per_block(edge, rng, monkeypatch):
+    """fp32 prefill: groups of walk blocks run as one BLAS call (tails in both axes); the counts
+    are the walk's, per block, and the values those of the ungrouped walk."""
+    monkeypatch.setattr(cube, "GROUP_EDGE", edge)
+    a, b, bias = make((100, 70), "fp32", rng), make((200, 70), "fp32", rng), make((200,), "fp32", rng)
+    walk = cube.plan_walk(100, 70, 200, TILES, "fp32", bias_dtype="fp32")
+    gm, gn = cube._groups(100, 200, 32, 48, numba.config.NUMBA_NUM_THREADS)
+    assert (gm * gn > 1) == (edge > 48)
+    outs = []
+    for group in (True, False):
+        out, out_k = dtypes.empty((100, 200), "fp32")
+        counted = cube.run_walk(a, b, bias, out_k, walk, group=group)
+        assert counted == (walk.tasks, walk.gm_read_bytes, walk.gm_write_bytes, 0, walk.cube_flops)
+        _check_close(out, a, b, bias, "fp32")
+        outs.append(out)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
 def test_bit_identical_for_one_and_two_threads(rng):
@@ -107,10 +128,10 @@ def test_bit_identical_for_one_and_two_threads(rng):
 
 
 def test_blas_thread_count_restored():
-    fns = cube._scipy_openblas()
-    if fns is None:
+    assert cube.blas_available() == (cube._scipy_openblas() is not None)
+    if not cube.blas_available():
         pytest.skip("SciPy's OpenBLAS not found on this platform")
-    get, _ = fns
+    get, _ = cube._scipy_openblas()
     before = get()
     with cube.single_thread_blas():
         assert get() == 1

@@ -122,3 +122,25 @@ def test_out_argument(rng):
     assert got is out and np.array_equal(out.astype(np.float64), reference.embedding(w, ids))
     with pytest.raises(ShapeError, match=r"out must be"):
         embedding.gather(w, ids, out=np.empty((2, 5, 16), np.float32))
+
+
+@pytest.mark.parametrize("H", [3, 37, 64, 100])
+def test_streaming_rows_any_alignment(H, dtype, rng, monkeypatch):
+    """Whole-line streaming stores (forced by lowering the size threshold): rows shorter and
+    longer than a cache line, outputs starting at every 2-byte offset of a line, a row_tile tail;
+    exact rows, nothing written outside out, counted Cost == planned."""
+    monkeypatch.setattr(embedding, "STREAM_MIN_BYTES", 0)
+    w = make((50, H), dtype, rng)
+    ids = rng.integers(0, 50, size=(3, 13)).astype(np.int32)  # 39 ids: row_tile 8 leaves a tail
+    expected = reference.embedding(w, ids)
+    n = ids.size * H
+    size = w.itemsize
+    for off_bytes in range(0, 64, 2 * size if dtype == "fp32" else 14):
+        buf = np.zeros(n + 128 // size, w.dtype)
+        start = (-buf.ctypes.data % 64 + off_bytes) // size
+        out = buf[start : start + n].reshape(ids.shape + (H,))
+        got, rec = run_traced(embedding.gather, w, ids, row_tile=8, out=out)
+        assert got is out
+        assert np.array_equal(out.astype(np.float64), expected)
+        assert not buf[:start].view(np.uint8).any() and not buf[start + n :].view(np.uint8).any()
+        assert_cost_matches_plan(rec)

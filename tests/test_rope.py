@@ -15,6 +15,7 @@ import pytest
 import pypto_numba as pn
 from pypto_numba import reference as ref
 from pypto_numba import rope
+from pypto_numba.machine.tile import aligned_empty
 from pypto_numba.errors import ConstraintError, DTypeError, ShapeError, TileError
 
 from conftest import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
@@ -215,6 +216,30 @@ def test_out_argument_in_place_and_misaligned(stream, dtype, rng, monkeypatch):
         rope.standard(x, cos, sin, out=np.empty((9, 3, 20), x.dtype))
     with pytest.raises(DTypeError, match="out must be"):
         rope.standard(x, cos, sin, out=np.empty(x.shape, np.float16))
+
+
+@pytest.mark.parametrize("D,R", [(64, 64), (128, 32), (96, 64)])
+def test_fp32_direct_streaming_matches_staged_bits(D, R, rng, monkeypatch):
+    """fp32 rope with line-aligned head rows streams from registers (no staging row); its bits
+    equal the staged path's (a misaligned out=) and the cached path's, also in place, with a
+    partial rotary dim and with a token tile tail; counted Cost == planned."""
+    monkeypatch.setattr(rope, "STREAM_MIN_BYTES", 0)
+    x = make((2, 11, 3, D), "fp32", rng)
+    cos, sin = tables(11, R, "fp32", rng)
+    direct, rec = run_traced(rope.standard, x, cos, sin)  # fresh outputs are 64-byte aligned
+    assert direct.ctypes.data % 64 == 0
+    assert_cost_matches_plan(rec)
+    close(direct, ref.rope_standard(x, cos, sin), "fp32")
+    buf = np.empty(x.size + 32, np.float32)
+    start = (-buf.ctypes.data % 64) // 4 + 4  # 16 bytes past a line: the staged path
+    staged = rope.standard(x, cos, sin, out=buf[start : start + x.size].reshape(x.shape))
+    np.testing.assert_array_equal(staged.view(np.uint32), direct.view(np.uint32))
+    y, _ = aligned_empty(x.shape, "fp32")  # in place on line-aligned rows: direct too
+    y[...] = x
+    assert rope.standard(y, cos, sin, out=y) is y
+    np.testing.assert_array_equal(y.view(np.uint32), direct.view(np.uint32))
+    monkeypatch.setattr(rope, "STREAM_MIN_BYTES", 1 << 62)
+    np.testing.assert_array_equal(rope.standard(x, cos, sin).view(np.uint32), direct.view(np.uint32))
 
 
 def test_non_contiguous_input_is_copied_and_counted(rng):

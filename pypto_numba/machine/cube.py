@@ -49,13 +49,18 @@ CPU implementation (what makes it fast, none of it changes the NPU semantics abo
   call per task would oversubscribe the 2 cores). :func:`run_walk` sets SciPy's OpenBLAS -- a
   library separate from NumPy's -- to one thread around the kernel and restores it afterwards
   (:func:`single_thread_blas`), so NumPy's own BLAS (the benchmark peer) keeps its threads.
-- Skinny M (decode): ``skinny=True`` runs hand-written loops instead of BLAS: each weight row
-  is streamed once (widened on the fly into a [kL0] buffer) and dotted with up to 8 rows of
-  ``a`` at a time; same walk, same counts, fp32 accumulation per L0 step. Measured on the
-  2-core test machine (K = N = 4096, medians of 15 alternating runs, 1 and 2 threads) the
-  merged BLAS path was as fast or faster for M = 1 and 8 in fp32 and bf16 (BLAS's gemm with a
-  tiny M streams the weight panel once too), so BLAS is the default for every M
-  (``SKINNY_M = 0``); the loops stay as an option and are tested.
+- Skinny M (decode, ``M < SKINNY_M`` = 16 by default, fp32 from ``SKINNY_MIN_F32`` = 4 rows):
+  hand-written loops instead of BLAS. Per
+  kL1 step, every weight row of the block is streamed once against all rows of ``a`` in register
+  blocks of 4 rows of ``a`` x 2 weight rows (:func:`gemv_rows`; 16-bit weights widened on the
+  fly), one fp32 partial sum per L0C value and kL1 step; same walk, same counts. BLAS's gemm with
+  a tiny M packs each weight panel (read, write, read again) before using it: measured on the
+  2-core test machine (K = N = 4096), M = 8 streamed the weight at 0.32x (fp32) and 0.49x (bf16)
+  of copy bandwidth through BLAS.
+- fp32 prefill: the walk's blocks are grouped into BLAS calls of about ``GROUP_EDGE`` (512)
+  squared outputs (:func:`group_task`; counts per block as in the walk). One sgemm per 256 x 256
+  block ran at 0.80-0.93x NumPy's two-threaded ``x @ w.T + b`` (M = 2048, K = N = 4096); 512 x 512
+  calls at 1.0-1.1x.
 - Inner loops index flat views with uint64 indices: numba treats a negative int index as
   counting from the end, and when an index has a run-time offset LLVM cannot rule that out, keeps
   the wraparound select inside the loop and does not vectorise it (measured 5-7x slower). Hot
@@ -79,8 +84,10 @@ import os
 import llvmlite.binding as _llvm
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import prange, types
-from numba.extending import get_cython_function_address, overload
+from numba.core import cgutils
+from numba.extending import get_cython_function_address, intrinsic, overload
 
 from ..errors import ConstraintError
 from . import dtypes
@@ -90,6 +97,8 @@ from .profile import HardwareProfile, load_profile
 
 __all__ = [
     "SKINNY_M",
+    "SKINNY_MIN_F32",
+    "blas_available",
     "CubeWalk",
     "plan_walk",
     "run_walk",
@@ -104,9 +113,14 @@ __all__ = [
     "epilogue",
 ]
 
-SKINNY_M = 0
-"""Below this many rows of ``a`` the walk uses the hand-written skinny loops by default (0: never;
-see the module notes: the merged BLAS path measured as fast or faster for decode shapes)."""
+SKINNY_M = 16
+"""Below this many rows of ``a`` (one 16-row cube fractal: decode) the walk uses the hand-written
+skinny loops by default instead of BLAS (see the module notes)..."""
+
+SKINNY_MIN_F32 = 4
+"""... except fp32 operands with fewer rows than this: OpenBLAS forwards a gemm with one row to
+its gemv kernel, which streamed an fp32 weight faster than the loops (measured at M = 1, one
+thread: 0.62x vs 0.47x of copy bandwidth); 16-bit weights would need a widened copy first."""
 
 # ----------------------------------------------------------------------------------------------
 # BLAS binding: sgemm from SciPy's cython_blas as an external symbol (resolved at link time by
@@ -150,6 +164,14 @@ def _scipy_openblas():
                     put.argtypes = (ctypes.c_int,)
                     return get, put
     return None
+
+
+def blas_available() -> bool:
+    """True when SciPy's bundled OpenBLAS library was found, so that :func:`single_thread_blas`
+    can pin it to one thread: kernels may then call BLAS (``mma_blas``, ``np.dot``) inside
+    ``prange``. False on platforms where the library is not found: there a threaded BLAS call
+    per task would oversubscribe the cores, so callers use their hand-written loops instead."""
+    return _scipy_openblas() is not None
 
 
 @contextlib.contextmanager
@@ -341,6 +363,166 @@ def mma_rows(c, j, a, abase, lda, m, w, wbase, k):
         i += 1
 
 
+V16 = 16  # fp32 lanes of one 512-bit vector: the unit of dot4x2
+
+
+@intrinsic
+def dot4x2(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
+    """``res[2*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i < 4, j < 2 and
+    ``q < 16*nvec``: the decode register block in explicit 512-bit vectors.
+
+    Why in LLVM IR: on this CPU LLVM's vectoriser picks 256-bit vectors, and with them a decode
+    step with 8 rows of ``a`` needs 8 FMA lanes per weight element, near the FMA issue limit for
+    16-bit weights (estimate: ~22 GB/s of bf16 weights on 2 cores at 2 ymm FMAs per cycle);
+    explicit ``<16 x float>`` operations are kept at 512 bits (zmm), half the FMA instructions. ``a`` is fp32; ``w`` a storage kernel
+    view: float32, uint16 (bf16: shifted into the high half, exact) or int16 (fp16: ``fpext``,
+    exact). 8 vector accumulators, each reduced once at the end (fp32; the order of the
+    additions is fixed by the code, so results do not depend on the thread count).
+    """
+    if not (isinstance(a, types.Array) and isinstance(w, types.Array) and isinstance(res, types.Array)):
+        return None
+    if a.dtype != types.float32 or res.dtype != types.float32:
+        return None
+    wdt = w.dtype
+    if wdt not in (types.float32, types.uint16, types.int16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a_arr = context.make_array(sig.args[0])(context, builder, args[0])
+        w_arr = context.make_array(sig.args[3])(context, builder, args[3])
+        r_arr = context.make_array(sig.args[7])(context, builder, args[7])
+        r0_, lda_, w0_, ldw_, nvec_ = args[1], args[2], args[4], args[5], args[6]
+        f32 = ir.FloatType()
+        i64 = ir.IntType(64)
+        v16 = ir.VectorType(f32, V16)
+        flags = ("contract",)
+
+        def vload(arr, off, vty, align):
+            ptr = builder.bitcast(builder.gep(arr.data, [off]), vty.as_pointer())
+            return builder.load(ptr, align=align)
+
+        def wload(off):
+            if wdt == types.float32:
+                return vload(w_arr, off, v16, 4)
+            raw = vload(w_arr, off, ir.VectorType(ir.IntType(16), V16), 2)
+            if wdt == types.uint16:  # bf16 bits -> the high half of fp32 bits
+                wide = builder.zext(raw, ir.VectorType(ir.IntType(32), V16))
+                wide = builder.shl(wide, ir.Constant(ir.VectorType(ir.IntType(32), V16), [16] * V16))
+                return builder.bitcast(wide, v16)
+            return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), V16)), v16)
+
+        zero = ir.Constant(v16, [0.0] * V16)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(8)]
+        rows = [builder.add(r0_, builder.mul(lda_, ir.Constant(i64, i))) for i in range(4)]
+        wrows = [w0_, builder.add(w0_, ldw_)]
+        with cgutils.for_range(builder, nvec_) as loop:
+            q = builder.mul(loop.index, ir.Constant(i64, V16))
+            ws = [wload(builder.add(wr, q)) for wr in wrows]
+            for i in range(4):
+                x = vload(a_arr, builder.add(rows[i], q), v16, 4)
+                for j in range(2):
+                    acc = builder.load(accs[2 * i + j])
+                    acc = builder.fadd(acc, builder.fmul(x, ws[j], flags=flags), flags=flags)
+                    builder.store(acc, accs[2 * i + j])
+        for k in range(8):  # tree reduction: 16 -> 8 -> 4 -> 2 -> 1 lanes
+            v = builder.load(accs[k])
+            width = V16
+            while width > 1:
+                width //= 2
+                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
+                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                              list(range(width, 2 * width))))
+                v = builder.fadd(lo, hi)
+            total = builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+            builder.store(total, builder.gep(r_arr.data, [ir.Constant(i64, k)]))
+        return context.get_dummy_value()
+
+    return types.void(a, types.uint64, types.uint64, w, types.uint64, types.uint64, types.uint64, res), codegen
+
+
+@device(boundscheck=False)
+def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
+    """``c[i, j0+j] += sum_q a[abase + i*lda + q] * widen(w[wbase + j*ldw + q])``, i < m, j < n, q < k.
+
+    The decode (skinny) step on flat views: ``a`` fp32 (rows of x), ``w`` the weight in its
+    storage dtype, widened on the fly (exact). Register blocks of 4 rows of ``a`` x 2 weight rows
+    (:func:`dot4x2`, 512-bit vectors, then the < 16-element rest): 8 independent fp32 sums with 6
+    loads (4 of ``a`` from L1, 2 of the weight from memory) per 8 FMAs, so each weight byte is
+    read from memory once and the loop stays memory-bound (1 weight row x 8 rows of ``a`` needs 9
+    loads per 8 FMAs). Rows of ``a`` and weight rows left over use plain loops. ``res``: 8 fp32
+    scratch slots. Every sum is serial within the task; uint64 indices as in :func:`mma_rows`.
+    """
+    ku = np.uint64(k)
+    nv = ku // np.uint64(V16)
+    kv = nv * np.uint64(V16)
+    ua = np.uint64(lda)
+    uw = np.uint64(ldw)
+    ab = np.uint64(abase)
+    j = 0
+    while j + 2 <= n:
+        w0 = np.uint64(wbase) + np.uint64(j) * uw
+        w1 = w0 + uw
+        i = 0
+        while i + 4 <= m:
+            r0 = ab + np.uint64(i) * ua
+            r1 = r0 + ua
+            r2 = r1 + ua
+            r3 = r2 + ua
+            dot4x2(a, r0, ua, w, w0, uw, nv, res)  # the 16-lane vectors (512-bit)
+            s00 = res[0]
+            s01 = res[1]
+            s10 = res[2]
+            s11 = res[3]
+            s20 = res[4]
+            s21 = res[5]
+            s30 = res[6]
+            s31 = res[7]
+            for q in range(kv, ku):  # the rest of the row (< 16 elements)
+                v0 = dtypes.widen(w[w0 + q])
+                v1 = dtypes.widen(w[w1 + q])
+                x0 = a[r0 + q]
+                x1 = a[r1 + q]
+                x2 = a[r2 + q]
+                x3 = a[r3 + q]
+                s00 += x0 * v0
+                s01 += x0 * v1
+                s10 += x1 * v0
+                s11 += x1 * v1
+                s20 += x2 * v0
+                s21 += x2 * v1
+                s30 += x3 * v0
+                s31 += x3 * v1
+            c[i, j0 + j] += s00
+            c[i, j0 + j + 1] += s01
+            c[i + 1, j0 + j] += s10
+            c[i + 1, j0 + j + 1] += s11
+            c[i + 2, j0 + j] += s20
+            c[i + 2, j0 + j + 1] += s21
+            c[i + 3, j0 + j] += s30
+            c[i + 3, j0 + j + 1] += s31
+            i += 4
+        while i < m:
+            r0 = ab + np.uint64(i) * ua
+            s00 = np.float32(0.0)
+            s01 = np.float32(0.0)
+            for q in range(ku):
+                x0 = a[r0 + q]
+                s00 += x0 * dtypes.widen(w[w0 + q])
+                s01 += x0 * dtypes.widen(w[w1 + q])
+            c[i, j0 + j] += s00
+            c[i, j0 + j + 1] += s01
+            i += 1
+        j += 2
+    if j < n:  # the last weight row of an odd count
+        w0 = np.uint64(wbase) + np.uint64(j) * uw
+        for i in range(m):
+            r0 = ab + np.uint64(i) * ua
+            s00 = np.float32(0.0)
+            for q in range(ku):
+                s00 += a[r0 + q] * dtypes.widen(w[w0 + q])
+            c[i, j0 + j] += s00
+
+
 @device(boundscheck=False)
 def epilogue(c, rows, cols, bias, has_bias, out, r0, c0):
     """L0C -> GM: ``out[r0+i, c0+j] = round_out(c[i, j] (+ widen(bias[c0+j])))``, one rounding."""
@@ -364,8 +546,8 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
     """One tile task of the walk: output block ``t`` (row-major over ``tn`` column blocks).
 
     ``c`` [mL1, nL1] fp32 holds the block's L0C tiles; ``a_l1``/``b_l1`` fp32 L1 scratch for
-    16-bit operands (fp32 operands are read in place); ``w_l0`` [1, kL0] a widened weight row
-    (skinny path); ``slots`` the address of this thread's BLAS argument slots.
+    16-bit operands (fp32 operands are read in place); ``w_l0`` scratch for the skinny path
+    (the result slots of :func:`dot4x2`); ``slots`` the address of this thread's BLAS argument slots.
     Returns (gm_read, gm_write, flops).
     """
     M, K = a.shape
@@ -388,16 +570,16 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
     pa = src_a.ctypes.data  # addresses for BLAS, taken once per task
     pb = src_b.ctypes.data
     pc = c.ctypes.data
-    af = src_a.reshape(-1)  # flat views for the skinny loops (see mma_rows)
-    bf = src_b.reshape(-1)
+    af = src_a.reshape(-1)  # flat view for the skinny loops (see gemv_rows)
     wf = w_l0.reshape(-1)
     if skinny:
         # Decode: same walk and counts, loops reordered for a CPU. The GM -> L1 moves of a are
         # counted per kL1 step as in the walk (16-bit: widened into an fp32 [mL1, K] scratch);
-        # then each weight row is streamed over the whole of K (contiguous 16 KB runs that the
-        # prefetchers follow, instead of kL1-sized pieces of 128 rows), with the L0 k-steps in
-        # ascending order, so every c[i, j] sums exactly what the kk-outer walk sums, in the
-        # same order.
+        # then each pair of weight rows is streamed once over the whole of K (two sequential
+        # streams the prefetchers follow, rather than kL1-sized pieces of 128 rows at a 16 KB
+        # stride) against all rows of a (register blocks, see gemv_rows), each L0C value accumulating
+        # one fp32 partial sum per kL1 step, in ascending k as in the walk. a ([mL1, K] fp32,
+        # 128 KiB for 8 x 4096) stays in L2.
         for kk in range(0, K, k1):
             vk1 = min(k1, K - kk)
             gm_read += vm * vk1 * a.itemsize + vn * vk1 * b.itemsize  # GM -> L1
@@ -409,20 +591,12 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
                     for q in range(np.uint64(vk1)):
                         src_a[di, ok + q] = dtypes.widen(a[ri, ok + q])
         ar0 = mb if f32 else 0
-        for j in range(vn):
-            wrow = np.uint64(nb + j)
+        bw = b.reshape(-1)  # the weight in its storage dtype, widened on the fly
+        for jb in range(0, vn, 2):  # a pair of weight rows, streamed over the whole of K
+            vj = min(2, vn - jb)
             for kk in range(0, K, k1):
                 vk1 = min(k1, K - kk)
-                for ki in range(0, vk1, k0):
-                    vk0 = min(k0, vk1 - ki)
-                    abase = ar0 * lda + kk + ki
-                    if f32:  # the weight row in place (src_b is b)
-                        mma_rows(c, j, af, abase, lda, vm, bf, (nb + j) * ldb + kk + ki, vk0)
-                    else:  # widen one weight row piece into L0B (unsigned indices: see mma_rows)
-                        oq = np.uint64(kk + ki)
-                        for q in range(np.uint64(vk0)):
-                            wf[q] = dtypes.widen(b[wrow, oq + q])
-                        mma_rows(c, j, af, abase, lda, vm, wf, 0, vk0)
+                gemv_rows(c, jb, vm, vj, af, ar0 * lda + kk, lda, bw, (nb + jb) * K + kk, K, vk1, wf)
         flops += 2 * vm * vn * K
     elif f32 and merge_k:
         # fp32 operands are used in place, so the kL1 chunks need no staging on the CPU: the
@@ -471,33 +645,116 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
     return gm_read, vm * vn * out.itemsize, flops
 
 
+@device(boundscheck=False)
+def group_task(bi0, bi1, bj0, bj1, a, b, bias, out, has_bias, m1, k1, n1, c, slots):
+    """Blocks ``[bi0, bi1) x [bj0, bj1)`` of the walk (fp32 operands, merged K) by one BLAS call.
+
+    Counts every block of the group exactly as :func:`walk_task` does (GM -> L1 per kL1 step,
+    the bias per block, one write per block); ``c`` holds the group's fp32 accumulators.
+    Returns (tasks, gm_read, gm_write, flops).
+    """
+    M, K = a.shape
+    N = b.shape[0]
+    gm_read = 0
+    gm_write = 0
+    flops = 0
+    tasks = 0
+    for bi in range(bi0, bi1):
+        vm = min(m1, M - bi * m1)
+        for bj in range(bj0, bj1):
+            vn = min(n1, N - bj * n1)
+            for kk in range(0, K, k1):
+                vk1 = min(k1, K - kk)
+                gm_read += vm * vk1 * a.itemsize + vn * vk1 * b.itemsize  # GM -> L1
+            if has_bias:
+                gm_read += vn * bias.itemsize  # GM -> BT
+            gm_write += vm * vn * out.itemsize
+            flops += 2 * vm * vn * K
+            tasks += 1
+    r0 = bi0 * m1
+    c0 = bj0 * n1
+    rows = min(M, bi1 * m1) - r0
+    cols = min(N, bj1 * n1) - c0
+    for i in range(rows):
+        for j in range(cols):
+            c[i, j] = 0.0
+    lda = a.shape[1]
+    ldb = b.shape[1]
+    mma_blas(c.ctypes.data, c.shape[1], a.ctypes.data + 4 * r0 * lda, lda, b.ctypes.data + 4 * c0 * ldb, ldb,
+             rows, cols, K, slots)
+    epilogue(c, rows, cols, bias, has_bias, out, r0, c0)
+    return tasks, gm_read, gm_write, flops
+
+
 @kernel
-def matmul_nt_kernel(a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, merge_k,
+def matmul_nt_kernel(a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, merge_k, gm, gn,
                      acc, a_l1, b_l1, w_l0, slots):
     """``out = round(a @ b^T (+ bias))`` by the cube walk; returns the counters tuple.
 
     ``a[M, K]``, ``b[N, K]``, ``bias[N]`` (any 1-element array when ``has_bias`` is False),
     ``out[M, N]``: storage kernel views (a, b, bias share one dtype; out may differ). The rest
     is per-thread scratch indexed by ``numba.get_thread_id()`` (allocated by :func:`run_walk`).
+    ``gm x gn`` > 1 (fp32, merged K only): each prange iteration runs a group of gm x gn walk
+    blocks as one BLAS call (:func:`group_task`); the counts stay per block.
     """
     M = a.shape[0]
     N = b.shape[0]
     tm = (M + m1 - 1) // m1
     tn = (N + n1 - 1) // n1
+    gtm = (tm + gm - 1) // gm
+    gtn = (tn + gn - 1) // gn
+    grouped = gm * gn > 1
     tasks = 0
     gm_read = 0
     gm_write = 0
     flops = 0
     slots0 = slots.ctypes.data
-    for t in prange(tm * tn):
+    for g in prange(gtm * gtn):
         tid = numba.get_thread_id()
-        r, w, f = walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, merge_k,
-                            acc[tid], a_l1[tid], b_l1[tid], w_l0[tid], slots0 + tid * 4 * ARG_SLOTS)
-        gm_read += r
-        gm_write += w
-        flops += f
-        tasks += 1
+        bi0 = (g // gtn) * gm
+        bj0 = (g % gtn) * gn
+        bi1 = min(tm, bi0 + gm)
+        bj1 = min(tn, bj0 + gn)
+        if grouped:
+            t, r, w, f = group_task(bi0, bi1, bj0, bj1, a, b, bias, out, has_bias, m1, k1, n1, acc[tid],
+                                    slots0 + tid * 4 * ARG_SLOTS)
+            tasks += t
+            gm_read += r
+            gm_write += w
+            flops += f
+        else:
+            for bi in range(bi0, bi1):
+                for bj in range(bj0, bj1):
+                    r, w, f = walk_task(bi * tn + bj, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0,
+                                        skinny, merge_k, acc[tid], a_l1[tid], b_l1[tid], w_l0[tid],
+                                        slots0 + tid * 4 * ARG_SLOTS)
+                    gm_read += r
+                    gm_write += w
+                    flops += f
+                    tasks += 1
     return tasks, gm_read, gm_write, 0, flops
+
+
+GROUP_EDGE = 512
+"""fp32 prefill on the CPU: walk blocks are grouped into BLAS calls of about GROUP_EDGE x
+GROUP_EDGE outputs (see :func:`run_walk`)."""
+
+
+def _groups(m: int, n: int, m1: int, n1: int, threads: int):
+    """(gm, gn): blocks per BLAS call for the fp32 merged-K path, keeping >= 4 calls per thread.
+
+    ``threads`` is the process's thread pool size (``NUMBA_NUM_THREADS``), not the current
+    ``numba.get_num_threads()``: the grouping (and so BLAS's order of the fp32 additions) must
+    not change with ``set_num_threads``, so results stay bit-identical for any thread count."""
+    tm, tn = -(-m // m1), -(-n // n1)
+    gm = max(1, min(tm, GROUP_EDGE // m1))
+    gn = max(1, min(tn, GROUP_EDGE // n1))
+    while (gm > 1 or gn > 1) and -(-tm // gm) * -(-tn // gn) < 4 * threads:
+        if gm >= gn:
+            gm = max(1, gm // 2)
+        else:
+            gn = max(1, gn // 2)
+    return gm, gn
 
 
 def scratch(m1: int, k1: int, n1: int, k0: int, a_is_f32: bool, skinny: bool, threads: int = None, k: int = 0):
@@ -516,7 +773,7 @@ def scratch(m1: int, k1: int, n1: int, k0: int, a_is_f32: bool, skinny: bool, th
         np.empty((nth, m1, n1), np.float32),  # L0C tiles of one block
         np.empty((nth, la, max(k, k1) if skinny else k1), np.float32),  # fp32 copy of a (16-bit only)
         np.empty((nth, lb, k1), np.float32),  # fp32 L1 copy of b (16-bit, not skinny)
-        np.empty((nth, 1, k0), np.float32),  # one widened weight row (skinny, 16-bit)
+        np.empty((nth, 1, max(k0, 16)), np.float32),  # skinny: the 8 result slots of dot4x2
         slots,  # BLAS argument slots
     )
 
@@ -597,13 +854,15 @@ def plan_walk(m: int, k: int, n: int, tiles, a_dtype: str, b_dtype: str = None, 
 
 
 def run_walk(a_k: np.ndarray, b_k: np.ndarray, bias_k, out_k: np.ndarray, walk_or_params, *, skinny=None,
-             merge_k=True):
+             merge_k=True, group=True):
     """Run :func:`matmul_nt_kernel` on 2-D kernel views with a walk's tiles; returns its counters.
 
     ``bias_k`` is a 1-D kernel view or None; ``skinny`` forces (True) or forbids (False) the
-    hand-written decode loops (default: ``M < SKINNY_M``); ``merge_k`` issues the kL0 steps of
+    hand-written decode loops (default: ``M < SKINNY_M``, for fp32 also ``M >= SKINNY_MIN_F32``); ``merge_k`` issues the kL0 steps of
     one kL1 chunk as one BLAS call (default) instead of one call per kL0 step (same counts, same
-    fp32 accumulation; only the order of the fp32 additions inside the chunk differs).
+    fp32 accumulation; only the order of the fp32 additions inside the chunk differs); ``group``
+    (fp32 with ``merge_k``, ``M >= SKINNY_M`` only) runs groups of walk blocks as one BLAS call of about
+    ``GROUP_EDGE`` x ``GROUP_EDGE`` outputs (same counts, per block).
     """
     p = walk_or_params.params if isinstance(walk_or_params, CubeWalk) else walk_or_params
     if a_k.dtype != b_k.dtype or (bias_k is not None and bias_k.dtype != a_k.dtype):
@@ -616,10 +875,15 @@ def run_walk(a_k: np.ndarray, b_k: np.ndarray, bias_k, out_k: np.ndarray, walk_o
     if not has_bias:
         bias_k = np.zeros(1, a_k.dtype)
     if skinny is None:
-        skinny = a_k.shape[0] < SKINNY_M
+        m = a_k.shape[0]
+        skinny = m < SKINNY_M and (a_k.dtype != np.float32 or m >= SKINNY_MIN_F32)
     skinny = bool(skinny)
-    work = scratch(p["m1"], p["k1"], p["n1"], p["k0"], a_k.dtype == np.float32, skinny, k=a_k.shape[1])
+    gm = gn = 1
+    # prefill only: a decode-shaped gemm (a few rows) is forwarded to gemv by OpenBLAS, and
+    # wider calls made it slower (M = 1, one thread: 12 ms grouped vs 5 ms per block)
+    if a_k.dtype == np.float32 and merge_k and not skinny and group and a_k.shape[0] >= SKINNY_M:
+        gm, gn = _groups(a_k.shape[0], b_k.shape[0], p["m1"], p["n1"], numba.config.NUMBA_NUM_THREADS)
+    work = scratch(p["m1"] * gm, p["k1"], p["n1"] * gn, p["k0"], a_k.dtype == np.float32, skinny, k=a_k.shape[1])
     with single_thread_blas(), dynamic_tasks():
         return matmul_nt_kernel(a_k, b_k, bias_k, out_k, has_bias, p["m1"], p["k1"], p["n1"],
-                                p["m0"], p["k0"], p["n0"], skinny, bool(merge_k), *work)
-
+                                p["m0"], p["k0"], p["n0"], skinny, bool(merge_k), gm, gn, *work)
