@@ -749,7 +749,7 @@ class kernel_context:
         from ..machine import cube
 
         self._stack = contextlib.ExitStack()
-        have_blas = cube._scipy_openblas() is not None
+        have_blas = cube.blas_available()
         self._stack.enter_context(cube.single_thread_blas())
         self._stack.enter_context(cube.dynamic_tasks(1))
         self.gemm_rows = GEMM_MIN_ROWS if have_blas else 1 << 62

@@ -80,6 +80,7 @@ import dataclasses
 import functools
 import glob
 import os
+import threading
 
 import llvmlite.binding as _llvm
 import numba
@@ -174,27 +175,40 @@ def blas_available() -> bool:
     return _scipy_openblas() is not None
 
 
+_BLAS_LOCK = threading.Lock()
+_BLAS_DEPTH = 0  # callers inside single_thread_blas, over all Python threads
+_BLAS_BEFORE = 1  # SciPy's OpenBLAS thread count when the first of them entered
+
+
 @contextlib.contextmanager
 def single_thread_blas():
     """Run the body with SciPy's OpenBLAS (the one kernels call) limited to one thread.
 
     Only SciPy's bundled OpenBLAS is touched; NumPy ships its own OpenBLAS with its own thread
     pool, which keeps its setting. Without SciPy's library on disk (other platforms) this is a
-    no-op: set ``OPENBLAS_NUM_THREADS=1`` in the environment instead.
+    no-op: set ``OPENBLAS_NUM_THREADS=1`` in the environment instead. The setting is
+    process-wide, so it is reference-counted over Python threads: the first caller in pins it,
+    the last one out restores it (a thread leaving early must not unpin another's kernel).
     """
+    global _BLAS_DEPTH, _BLAS_BEFORE
     fns = _scipy_openblas()
     if fns is None:
         yield
         return
     get, put = fns
-    before = get()
-    if before != 1:
-        put(1)
+    with _BLAS_LOCK:
+        if _BLAS_DEPTH == 0:
+            _BLAS_BEFORE = get()
+            if _BLAS_BEFORE != 1:
+                put(1)
+        _BLAS_DEPTH += 1
     try:
         yield
     finally:
-        if before != 1:
-            put(before)
+        with _BLAS_LOCK:
+            _BLAS_DEPTH -= 1
+            if _BLAS_DEPTH == 0 and _BLAS_BEFORE != 1:
+                put(_BLAS_BEFORE)
 
 
 @contextlib.contextmanager

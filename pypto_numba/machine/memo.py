@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import numbers
 import threading
 
@@ -48,14 +49,18 @@ def _freeze(value):
 
 
 def memo_plan(fn):
-    """Decorator for ``plan_xxx(*shapes, ..., profile=None, **options) -> Plan``."""
+    """Decorator for ``plan_xxx(*shapes, ..., profile=None, **options) -> Plan`` (``profile``
+    by keyword or position)."""
     cache: collections.OrderedDict = collections.OrderedDict()
     lock = threading.Lock()
+    names = list(inspect.signature(fn).parameters)
+    at = names.index("profile")  # where a positional profile sits
 
     @functools.wraps(fn)
     def cached(*args, **kwargs):
+        given = args[at] if len(args) > at else kwargs.get("profile")
         try:
-            prof = load_profile(kwargs.get("profile"))
+            prof = load_profile(given)
         except Exception:
             return fn(*args, **kwargs)  # let the plan raise its own error for a bad profile
         try:

@@ -1,0 +1,55 @@
+"""machine/memo.py: plans are memoised by arguments and the profile they resolve to."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pypto_numba as pn
+from pypto_numba import attention, gelu
+from pypto_numba.errors import TileError
+from pypto_numba.machine.memo import memo_plan
+
+
+def test_same_arguments_same_plan_other_arguments_other_plan():
+    a = gelu.plan_tanh((8, 4096), "bf16")
+    assert gelu.plan_tanh((8, 4096), "bf16") is a
+    assert gelu.plan_tanh((8, 4097), "bf16") is not a
+    assert gelu.plan_tanh((8, 4096), "fp16") is not a
+    assert gelu.plan_tanh((8, 4096), "bf16", tile=1024).params["tile"] == 1024
+
+
+def test_the_active_profile_is_part_of_the_key():
+    base = attention.plan_flash((1, 32, 1, 128), (1, 8, 4096, 128), None, "bf16")
+    with pn.use_profile("ascend950"):
+        other = attention.plan_flash((1, 32, 1, 128), (1, 8, 4096, 128), None, "bf16")
+    assert other.profile.name == "ascend950" and base.profile.name == "ascend910b"
+    assert attention.plan_flash((1, 32, 1, 128), (1, 8, 4096, 128), None, "bf16") is base
+
+
+def test_positional_profile_and_unhashable_arguments():
+    calls = []
+
+    @memo_plan
+    def plan(shape, profile=None, extra=None):
+        calls.append(shape)
+        return object()
+
+    p = plan((2, 3), "ascend910b")
+    assert plan((2, 3), "ascend910b") is p and len(calls) == 1
+    assert plan((2, 3), "ascend950") is not p and len(calls) == 2
+    plan((2, 3), extra={"unhashable": 1})  # computed every time, never cached
+    plan((2, 3), extra={"unhashable": 1})
+    assert len(calls) == 4
+    plan((2, 3), extra=np.arange(3))  # small arrays are keyed by content
+    plan((2, 3), extra=np.arange(3))
+    assert len(calls) == 5
+
+
+def test_errors_are_raised_every_time_and_params_are_read_only():
+    for _ in range(2):
+        with pytest.raises(TileError, match="kv_tile"):
+            attention.plan_online((1, 4, 1, 128), (1, 1, 100, 128), None, "fp32", kv_tile=10**6)
+    p = attention.plan_online((1, 4, 1, 128), (1, 1, 100, 128), None, "fp32")
+    with pytest.raises(TypeError):
+        p.params["kv_tile"] = 1
