@@ -47,6 +47,7 @@ from . import inputs
 from .errors import DTypeError, ShapeError
 from .machine import dtypes
 from .machine.jit import device, kernel
+from .machine.memo import memo_plan
 from .machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
 from .machine.profile import load_profile
 from .machine.tile import STREAM_MIN_BYTES, scratch, store_fence
@@ -186,6 +187,7 @@ def _gather_kernel(weight, ids, out, row_tile, h_tile, stream, lines):
 # plans
 
 
+@memo_plan
 def _plan(strategy, weight_shape, ids_shape, dtype, ids_dtype, profile, row_tile, h_tile) -> Plan:
     prof = load_profile(profile)
     where = f"embedding.{strategy}"
@@ -196,6 +198,11 @@ def _plan(strategy, weight_shape, ids_shape, dtype, ids_dtype, profile, row_tile
     ids_shape = tuple(int(d) for d in ids_shape)
     if len(weight_shape) != 2:
         raise ShapeError(f"{where}: weight must be [V, H], got shape {weight_shape}")
+    inputs.check_size(weight_shape, "weight", where)  # plans answer advise() too
+    if any(d == 0 for d in ids_shape):
+        raise ShapeError(f"{where}: ids has shape {ids_shape} with no elements; PyPTO tensors must be non-empty")
+    inputs.check_size(ids_shape, "ids", where)
+    inputs.check_size(ids_shape + (weight_shape[1],), "the output [*ids.shape, H]", where)
     if strategy == "index_select" and len(ids_shape) not in (1, 2):
         raise ShapeError(
             f"{where}: ids must be 1-D or 2-D (PyPTO index_select takes a 1-2 D index), got shape "
@@ -264,6 +271,7 @@ def _check_ids(ids, vocab: int, where: str):
         )
     if ids.size == 0:
         raise ShapeError(f"{where}: ids has shape {ids.shape} with no elements; PyPTO tensors must be non-empty")
+    inputs.check_size(ids.shape, "ids", where)  # before any copy or mask of a huge (broadcast) view
     copied = 0
     if not ids.flags.c_contiguous:
         ids = np.ascontiguousarray(ids)
@@ -294,9 +302,11 @@ def _run(strategy, weight, ids, profile, row_tile, h_tile, out=None):
     if out is None:
         out = np.empty(ids.shape + (h,), dtypes.STORAGE[wt.dtype])
     elif not (isinstance(out, np.ndarray) and out.shape == ids.shape + (h,)
-              and out.dtype == wt.array.dtype and out.flags.c_contiguous):
+              and out.dtype == wt.array.dtype and out.flags.c_contiguous and out.flags.writeable
+              and not np.may_share_memory(out, wt.array)):
         raise ShapeError(
             f"{where}: out must be a C-contiguous {wt.array.dtype} array of shape {ids.shape + (h,)}, "
+            f"writeable and not overlapping weight, "
             f"got {getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}"
         )
     view = _COPY_VIEW[wt.dtype]

@@ -41,6 +41,7 @@ from . import inputs
 from .errors import DTypeError, ShapeError
 from .machine import cube, dtypes
 from .machine.jit import kernel
+from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
 from .machine.profile import ProfileError, load_profile
 from .strategy import Launch, register
@@ -103,6 +104,8 @@ def _dims(x_shape, weight_shape, where: str):
     weight_shape = tuple(int(d) for d in weight_shape)
     if len(x_shape) < 1 or len(weight_shape) != 2:
         raise ShapeError(f"{where}: need x[..., K] and weight[N, K], got {x_shape} and {weight_shape}")
+    inputs.check_size(x_shape, "x", where)  # plans answer advise() too: same limits as the data path
+    inputs.check_size(weight_shape, "weight", where)
     k = x_shape[-1]
     n, kw = weight_shape
     if kw != k:
@@ -110,9 +113,11 @@ def _dims(x_shape, weight_shape, where: str):
             f"{where}: x has K = {k} (last dim of {x_shape}) but weight {weight_shape} has K = {kw}; "
             f"weight must be [N, K] (torch.nn.functional.linear layout; transpose a [K, N] weight)"
         )
+    inputs.check_size(x_shape[:-1] + (n,), "the output [..., N]", where)
     return math.prod(x_shape[:-1]), k, n
 
 
+@memo_plan
 def _plan(strategy, x_shape, weight_shape, dtype, bias, profile, cube_tiles) -> Plan:
     prof = load_profile(profile)
     where = f"linear.{strategy}"

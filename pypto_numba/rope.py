@@ -80,6 +80,7 @@ from . import inputs
 from .errors import ConstraintError, DTypeError, ShapeError
 from .machine import dtypes
 from .machine.jit import device, kernel
+from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_tile
 from .machine import tile
 from .machine.profile import load_profile
@@ -540,6 +541,7 @@ def _max_token_tile(kind, H, D, R, dtype, prof):
     return max(0, t_max)
 
 
+@memo_plan
 def _plan(kind, x_shape, cos_shape, dtype, profile, token_tile) -> Plan:
     prof = load_profile(profile)
     where = f"rope.{kind}"
@@ -615,6 +617,7 @@ def plan_fused_rmsnorm(x_shape, cos_shape=None, dtype="fp32", *, profile=None, t
     return _plan("fused_rmsnorm", x_shape, cos_shape, dtype, profile, token_tile)
 
 
+@memo_plan
 def plan_cos_sin(positions_shape, rot_dim, dtype="fp32", *, profile=None, token_tile=None) -> Plan:
     """Plan of :func:`cos_sin` for ``positions`` of ``positions_shape``."""
     prof = load_profile(profile)
@@ -629,6 +632,7 @@ def plan_cos_sin(positions_shape, rot_dim, dtype="fp32", *, profile=None, token_
     inputs.check_rank(shape, "positions", where, min_rank=1)
     inputs.check_size(shape, "positions", where)
     R = _rot_dim(rot_dim, where)
+    inputs.check_size(shape + (R,), "each cos/sin output table", where)
     P = _math.prod(shape)
     T = prof.tile("rope_token_tile") if token_tile is None else inputs.positive_int(token_tile, "token_tile", where)
     specs = [("pos_ub", (align_elems(T, "fp32", prof),), "fp32"),

@@ -56,7 +56,7 @@ class Case:
     ref: Callable = None
     rtol: float = 0.0
     atol: float = 0.0
-    xfail: str = ""  # reason (see /work/brief/reliability-findings.md) when the case still fails
+    xfail: str = ""  # reason, when a case documents a known bug (strict xfail: fixing it fails the mark)
     needs_cap: bool = False  # allocates > 4 GiB if validation is missing: run only under RLIMIT_AS
 
 
@@ -86,7 +86,6 @@ def check(cid, call, fn=None, xfail=""):
     _add(Case(cid, call, "check", ref=fn, xfail=xfail))
 
 
-FINDINGS = "see reliability-findings.md"
 
 
 def expect(condition, detail):
@@ -342,7 +341,7 @@ raises("rope.cos_sin-positions-0d", lambda: rope.cos_sin(np.int64(3), 8), ShapeE
 raises("rope.cos_sin-positions-over-int32", lambda: rope.cos_sin(_huge((2**31,), np.int32), 8), ConstraintError,
        r"positions has 2147483648 elements")
 raises("rope.cos_sin-output-over-int32", lambda: rope.plan_cos_sin((2**26,), 64), ConstraintError,
-       r"(cos|output|tables).*INT32_MAX", xfail=FINDINGS)
+       r"(cos|output|tables).*INT32_MAX")
 for _label, _r in (("odd", 7), ("zero", 0), ("negative", -2), ("float", 8.0), ("bool", True)):
     raises(f"rope.cos_sin-rot_dim-{_label}", lambda r=_r: rope.cos_sin(np.arange(4), r), ShapeError, r"rot_dim must be")
 for _label, _t in (("zero", 0.0), ("negative", -1.0), ("nan", float("nan")), ("str", "1e4")):
@@ -585,7 +584,7 @@ for _s, _fn in _LIN.items():
     raises(f"{_p}-cube_tiles-L1-not-multiple", lambda f=_fn: f(LX, LW, LB, cube_tiles=((32, 48), (16, 32), (16, 32))),
            TileError, r"mL1 % mL0 == 0")
     raises(f"{_p}-output-over-int32", lambda s=_s: getattr(linear, f"plan_{s}")((2**16, 16), (2**16, 16)), ConstraintError,
-           r"INT32_MAX", xfail=FINDINGS)
+           r"INT32_MAX")
     _profile_cases(_p, lambda f=_fn, **kw: f(LX, LW, LB, **kw))
 
 # ---------------------------------------------------------------------------------------------
@@ -605,9 +604,9 @@ for _s, _fn in _EMB.items():
     raises(f"{_p}-ids-list", lambda f=_fn: f(EMB, [1, 2]), DTypeError, r"ids must be a numpy array")
     raises(f"{_p}-ids-zero-size", lambda f=_fn: f(EMB, np.empty((0,), np.int32)), ShapeError, r"ids has shape \(0,\) with no elements")
     raises(f"{_p}-ids-over-int32", lambda f=_fn: f(EMB, _huge((2**31,), np.int32)), ConstraintError,
-           r"ids has 2147483648 elements.*INT32_MAX", xfail=FINDINGS, needs_cap=True)
+           r"ids has 2147483648 elements.*INT32_MAX", needs_cap=True)
     raises(f"{_p}-output-over-int32", lambda s=_s: getattr(embedding, f"plan_{s}")((10, 2**16), (2**16,)), ConstraintError,
-           r"INT32_MAX", xfail=FINDINGS)
+           r"INT32_MAX")
     equal(f"{_p}-ids-negstride", lambda f=_fn: f(EMB, IDS[::-1, ::-1]), lambda f=_fn: f(EMB, np.ascontiguousarray(IDS[::-1, ::-1])))
     equal(f"{_p}-ids-int64", lambda f=_fn: f(EMB, IDS.astype(np.int64)), lambda f=_fn: f(EMB, IDS))
     check(f"{_p}-nan-inf-rows-copied", lambda f=_fn: f(_SPECIAL[:8].reshape(1, 8).repeat(3, 0), np.array([2, 0], np.int32)),
@@ -616,7 +615,7 @@ for _s, _fn in _EMB.items():
     raises(f"{_p}-out-noncontig", lambda f=_fn: f(EMB, IDS, out=np.broadcast_to(np.zeros(8, F32), (2, 2, 8))), ShapeError,
            r"out must be a C-contiguous float32 array of shape \(2, 2, 8\)")
     raises(f"{_p}-out-readonly", lambda f=_fn: f(EMB, IDS, out=_readonly(np.zeros((2, 2, 8), F32))), (ShapeError, ConstraintError),
-           r"out must be .*writeable", xfail=FINDINGS)
+           r"out must be .*writeable")
     _tile_cases(_p, "row_tile", lambda f=_fn, **kw: f(EMB, IDS, **kw), too_big=10**6, unaligned=3)
     _tile_cases(_p, "h_tile", lambda f=_fn, **kw: f(EMB, IDS, **kw), too_big=10**6, unaligned=7)
     _profile_cases(_p, lambda f=_fn, **kw: f(EMB, IDS, **kw))
@@ -725,9 +724,8 @@ raises("advise-moe-top_k", lambda: pn.advise("moe", top_k=0), ConstraintError, r
 raises("advise-moe-experts", lambda: pn.advise("moe", experts=8000, n_group=8, topk_group=4), TileError, r"MERGE_SORT")
 raises("advise-repeat_kv-strategy", lambda: pn.advise("repeat_kv", strategy="standard"), PyptoNumbaError, r"strategy must be one of")
 raises("advise-profile-unknown", lambda: pn.advise("gelu", profile="nope"), ProfileError, r"unknown hardware profile 'nope'")
-raises("advise-linear-zero", lambda: pn.advise("linear", tokens=0), ShapeError, r"zero-size|positive", xfail=FINDINGS)
-raises("advise-embedding-zero", lambda: pn.advise("embedding", ids_shape=(0,)), ShapeError, r"zero-size|no elements",
-       xfail=FINDINGS)
+raises("advise-linear-zero", lambda: pn.advise("linear", tokens=0), ShapeError, r"zero-size|positive")
+raises("advise-embedding-zero", lambda: pn.advise("embedding", ids_shape=(0,)), ShapeError, r"zero-size|no elements")
 
 
 # ---------------------------------------------------------------------------------------------
