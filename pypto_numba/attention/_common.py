@@ -21,8 +21,10 @@ once to the storage dtype. A row whose tile has no allowed key (or whose keys ar
 after the mask) contributes ``m = -inf, l = 0, O = 0`` and the merge leaves the state unchanged.
 
 Decode-shaped tiles (few rows) use hand-written loops that stream K and V once with the G rows
-reusing each K/V row from L1 (QK^T: 4 rows x 2 keys per pass, 8 vector accumulators; PV: 2 rows x
-4 keys per pass over a row of O); tiles with >= GEMM_MIN_ROWS rows (prefill) use ``np.dot`` on fp32
+reusing each K/V row from L1 (QK^T: 4 rows x 2 keys per pass, 8 vector accumulators over D; PV: 4
+rows x 4 keys per pass over the O rows), and prefetch the K/V rows ``PREFETCH_ROWS`` keys ahead
+(the NPU double-buffers its GM->L1 loads the same way); tiles with >= GEMM_MIN_ROWS rows (prefill)
+use ``np.dot`` on fp32
 tiles (SciPy's OpenBLAS, fp32 accumulation; bf16/fp16 tiles are widened exactly to fp32 first),
 with OpenBLAS held at one thread while a kernel runs (``kernel_context``: otherwise every
 np.dot inside prange spawns BLAS threads, measured 40x slower on 2 cores).
