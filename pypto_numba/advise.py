@@ -60,7 +60,7 @@ class Advice:
         return dataclasses.asdict(self)
 
 
-def _total(plans) -> tuple:
+def total(plans) -> tuple:
     cost = sum((p.cost for p in plans), Cost())
     seconds = 0.0
     bound = None
@@ -82,7 +82,7 @@ def _decide(op: str, scenario: dict, profile, candidates, seed_choice: str = Non
         except (TileError, ConstraintError) as exc:
             rejected[cand.label] = f"{type(exc).__name__}: {exc}"
             continue
-        cost, seconds, bound = _total(plans)
+        cost, seconds, bound = total(plans)
         ranked.append((cand, cost, seconds, bound))
     if not ranked:
         # every candidate broke a PyPTO constraint (e.g. top_k out of range): that is the error;
@@ -213,7 +213,7 @@ def _moe(profile, tokens=4096, experts=256, top_k=8, n_group=8, topk_group=4, dt
 
 def _price(cand) -> str:
     try:
-        cost, seconds, bound = _total(cand.plans())
+        cost, seconds, bound = total(cand.plans())
     except (TileError, ConstraintError) as exc:
         return f"{cand.label} would be ruled out: {exc}"
     return f"{cand.label} {seconds * 1e6:.1f} us ({bound}-bound), GM {cost.gm_bytes} B"

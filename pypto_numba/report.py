@@ -165,7 +165,7 @@ class Point:
 
 def price_all(op: str, scenario: dict, also=(), profile=None) -> dict:
     """Every candidate strategy of ``advise``'s scenario (plus the ``also`` overrides), priced."""
-    from .advise import SCENARIOS, _total
+    from .advise import SCENARIOS, total
 
     out = {}
     for override in ({},) + tuple(also):
@@ -175,7 +175,7 @@ def price_all(op: str, scenario: dict, also=(), profile=None) -> dict:
             if cand.label in out:
                 continue
             try:
-                cost, seconds, bound = _total(tuple(cand.plans()))
+                cost, seconds, bound = total(tuple(cand.plans()))
             except (TileError, ConstraintError) as exc:
                 out[cand.label] = Priced(cand.label, error=f"{type(exc).__name__}: {exc}", via=via)
                 continue

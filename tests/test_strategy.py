@@ -6,7 +6,6 @@ import subprocess
 import sys
 import threading
 
-import numpy as np
 import pytest
 
 import pypto_numba as pn

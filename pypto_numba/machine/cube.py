@@ -110,7 +110,6 @@ __all__ = [
     "dynamic_tasks",
     "load_l1",
     "mma_blas",
-    "mma_rows",
     "epilogue",
 ]
 
@@ -270,7 +269,7 @@ def _f32_source_impl(a, scratch):
 @device(boundscheck=False)
 def load_l1(src, r0, c0, rows, cols, dst):
     """GM -> L1: widen ``src[r0:r0+rows, c0:c0+cols]`` (storage kernel view) into fp32 ``dst``."""
-    oc = np.uint64(c0)  # unsigned indices: see mma_rows
+    oc = np.uint64(c0)  # unsigned indices: see the module docstring
     for i in range(rows):
         ri = np.uint64(r0 + i)
         di = np.uint64(i)
@@ -297,84 +296,6 @@ def mma_blas(c, ldc, a, lda, b, ldb, m, n, k, slots):
     p[5] = ldc
     _sgemm(slots + 32, slots + 36, slots, slots + 4, slots + 8, slots + 24, b, slots + 12,
            a, slots + 16, slots + 28, c, slots + 20)
-
-
-@device(boundscheck=False)
-def mma_rows(c, j, a, abase, lda, m, w, wbase, k):
-    """``c[i, j] += sum_q a[abase + i*lda + q] * w[wbase + q]`` for ``i < m``, ``q < k`` (8, 4, 1 rows a pass).
-
-    The skinny (decode) L0 step on flat (1-D) views: one fp32 weight row, read once for up to 8
-    rows of ``a`` (up to 8 independent fp32 sums per pass, vectorised over q; each sum is serial
-    within the task). Flat arrays with uint64 indices on purpose: numba wraps negative int
-    indices (x[i] with i < 0 means x[n + i]); with a run-time offset LLVM cannot prove i >= 0,
-    keeps that select in the loop and does not vectorise it (measured 5-7x slower).
-    """
-    ku = np.uint64(k)
-    wb = np.uint64(wbase)
-    i = 0
-    while i + 8 <= m:  # 8 rows per pass: one weight load feeds 8 FMAs
-        s0 = np.float32(0.0)
-        s1 = np.float32(0.0)
-        s2 = np.float32(0.0)
-        s3 = np.float32(0.0)
-        s4 = np.float32(0.0)
-        s5 = np.float32(0.0)
-        s6 = np.float32(0.0)
-        s7 = np.float32(0.0)
-        r0 = np.uint64(abase + i * lda)
-        r1 = np.uint64(abase + (i + 1) * lda)
-        r2 = np.uint64(abase + (i + 2) * lda)
-        r3 = np.uint64(abase + (i + 3) * lda)
-        r4 = np.uint64(abase + (i + 4) * lda)
-        r5 = np.uint64(abase + (i + 5) * lda)
-        r6 = np.uint64(abase + (i + 6) * lda)
-        r7 = np.uint64(abase + (i + 7) * lda)
-        for q in range(ku):
-            x = w[wb + q]
-            s0 += a[r0 + q] * x
-            s1 += a[r1 + q] * x
-            s2 += a[r2 + q] * x
-            s3 += a[r3 + q] * x
-            s4 += a[r4 + q] * x
-            s5 += a[r5 + q] * x
-            s6 += a[r6 + q] * x
-            s7 += a[r7 + q] * x
-        c[i, j] += s0
-        c[i + 1, j] += s1
-        c[i + 2, j] += s2
-        c[i + 3, j] += s3
-        c[i + 4, j] += s4
-        c[i + 5, j] += s5
-        c[i + 6, j] += s6
-        c[i + 7, j] += s7
-        i += 8
-    while i + 4 <= m:
-        s0 = np.float32(0.0)
-        s1 = np.float32(0.0)
-        s2 = np.float32(0.0)
-        s3 = np.float32(0.0)
-        r0 = np.uint64(abase + i * lda)
-        r1 = np.uint64(abase + (i + 1) * lda)
-        r2 = np.uint64(abase + (i + 2) * lda)
-        r3 = np.uint64(abase + (i + 3) * lda)
-        for q in range(ku):
-            x = w[wb + q]
-            s0 += a[r0 + q] * x
-            s1 += a[r1 + q] * x
-            s2 += a[r2 + q] * x
-            s3 += a[r3 + q] * x
-        c[i, j] += s0
-        c[i + 1, j] += s1
-        c[i + 2, j] += s2
-        c[i + 3, j] += s3
-        i += 4
-    while i < m:
-        s0 = np.float32(0.0)
-        r0 = np.uint64(abase + i * lda)
-        for q in range(ku):
-            s0 += a[r0 + q] * w[wb + q]
-        c[i, j] += s0
-        i += 1
 
 
 V16 = 16  # fp32 lanes of one 512-bit vector: the unit of dot4x2
@@ -464,7 +385,7 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
     loads (4 of ``a`` from L1, 2 of the weight from memory) per 8 FMAs, so each weight byte is
     read from memory once and the loop stays memory-bound (1 weight row x 8 rows of ``a`` needs 9
     loads per 8 FMAs). Rows of ``a`` and weight rows left over use plain loops. ``res``: 8 fp32
-    scratch slots. Every sum is serial within the task; uint64 indices as in :func:`mma_rows`.
+    scratch slots. Every sum is serial within the task; uint64 indices (module docstring).
     """
     ku = np.uint64(k)
     nv = ku // np.uint64(V16)
@@ -540,7 +461,7 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
 @device(boundscheck=False)
 def epilogue(c, rows, cols, bias, has_bias, out, r0, c0):
     """L0C -> GM: ``out[r0+i, c0+j] = round_out(c[i, j] (+ widen(bias[c0+j])))``, one rounding."""
-    oc = np.uint64(c0)  # unsigned indices: see mma_rows
+    oc = np.uint64(c0)  # unsigned indices: see the module docstring
     if has_bias:
         for i in range(rows):
             ro = np.uint64(r0 + i)
