@@ -171,22 +171,10 @@ class Launch:
 
     def count(self, counted, *, workspace_bytes: int = 0):
         """Record the next kernel's counters ``(tasks, gm_read, gm_write, vector_ops, cube_flops)``."""
-        index = len(self._costs)
-        if index >= len(self.plan.kernels):
+        if len(self._costs) >= len(self.plan.kernels):
             raise RuntimeError(f"{self.plan.where}: more kernels ran than the plan declares")
-        tasks, gm_read, gm_write, vector_ops, cube_flops = (int(v) for v in counted)
-        planned = self.plan.kernels[index].cost
-        self._costs.append(
-            dataclasses.replace(
-                planned,
-                tasks=tasks,
-                gm_read_bytes=gm_read,
-                gm_write_bytes=gm_write,
-                vector_ops=vector_ops,
-                cube_flops=cube_flops,
-                workspace_bytes=int(workspace_bytes),
-            )
-        )
+        # kept raw: the Cost is built only when a trace asks for it (this runs on every call)
+        self._costs.append((tuple(int(v) for v in counted), int(workspace_bytes)))
 
     def workspace(self, nbytes: int):
         """Extra GM workspace of the call that no single kernel owns (e.g. a contiguous copy)."""
@@ -194,7 +182,18 @@ class Launch:
 
     @property
     def counted(self) -> Cost:
-        total = sum(self._costs, Cost())
+        costs = []
+        for index, ((tasks, gm_read, gm_write, vector_ops, cube_flops), workspace) in enumerate(self._costs):
+            costs.append(dataclasses.replace(
+                self.plan.kernels[index].cost,  # buffer peaks: the kernel runs with the plan's tiles
+                tasks=tasks,
+                gm_read_bytes=gm_read,
+                gm_write_bytes=gm_write,
+                vector_ops=vector_ops,
+                cube_flops=cube_flops,
+                workspace_bytes=workspace,
+            ))
+        total = sum(costs, Cost())
         if self._extra_workspace:
             total = dataclasses.replace(total, workspace_bytes=total.workspace_bytes + self._extra_workspace)
         return total

@@ -53,3 +53,24 @@ def test_errors_are_raised_every_time_and_params_are_read_only():
     p = attention.plan_online((1, 4, 1, 128), (1, 1, 100, 128), None, "fp32")
     with pytest.raises(TypeError):
         p.params["kv_tile"] = 1
+
+
+def test_equal_values_of_other_types_do_not_share_a_plan():
+    # True == 1 and 16.0 == 16 hash alike, but a plan refuses a bool or a fractional tile size:
+    # a plan built for the int must not be handed out for them
+    assert gelu.plan_tanh((8, 4096), "fp32", tile=1024) is gelu.plan_tanh((8, 4096), "fp32", tile=1024)
+    with pytest.raises(TileError):
+        gelu.plan_tanh((8, 4096), "fp32", tile=1024.5)
+    calls = []
+
+    @memo_plan
+    def plan(shape, flag=None, profile=None):
+        calls.append((shape, flag))
+        return (shape, flag)
+
+    assert plan((2, 3), flag=1) == ((2, 3), 1)
+    assert plan((2, 3), flag=True)[1] is True
+    assert plan((2, 3), flag=1.0)[1] == 1.0 and type(plan((2, 3), flag=1.0)[1]) is float
+    assert plan((np.int64(2), 3), flag=1)[0][0].__class__ is np.int64  # not the cached int shape
+    assert plan([2, 3], flag=1)[0] == [2, 3]
+    assert len(calls) == 5

@@ -28,15 +28,28 @@ class _Unhashable(Exception):
 
 
 def _freeze(value):
-    """A hashable stand-in for an argument value (arrays by content: kv_len shapes some plans)."""
-    if value is None or isinstance(value, (str, bool, numbers.Number, np.generic)):
-        return (type(value).__name__, value)
-    if isinstance(value, (tuple, list)):
-        return ("seq", tuple(_freeze(v) for v in value))
-    if isinstance(value, np.ndarray):
+    """A hashable stand-in for an argument value (arrays by content: kv_len shapes some plans).
+
+    Type-tagged, so that ``True`` and ``1``, or ``16.0`` and ``16``, which hash and compare equal,
+    do not share a plan (a plan refuses a bool or a fractional tile size). Exact ints, strings and
+    tuples of exact ints (shapes: the common case) are their own key. This runs on every call of
+    every strategy, so the common types are tested first, by exact type.
+    """
+    t = type(value)
+    if t is int or t is str:
+        return value
+    if value is None or t is bool or t is float:
+        return (t, value)
+    if t is tuple or t is list:
+        if t is tuple and all(type(v) is int for v in value):
+            return value
+        return ("seq", tuple(map(_freeze, value)))
+    if t is np.ndarray:
         if value.size > 4096:  # a big array as a plan argument: not worth hashing
             raise _Unhashable
         return ("nd", value.shape, value.dtype.str, value.tobytes())
+    if isinstance(value, (numbers.Number, np.generic)):
+        return (t, value)
     if isinstance(value, np.dtype):
         return ("dtype", value.str)
     if isinstance(value, HardwareProfile):
@@ -45,7 +58,7 @@ def _freeze(value):
         hash(value)
     except TypeError:
         raise _Unhashable from None
-    return ("obj", type(value).__name__, value)
+    return ("obj", t, value)
 
 
 def memo_plan(fn):
@@ -64,7 +77,7 @@ def memo_plan(fn):
         except Exception:
             return fn(*args, **kwargs)  # let the plan raise its own error for a bad profile
         try:
-            key = (_freeze(args), _freeze(sorted(kwargs.items())), id(prof))
+            key = (_freeze(args), tuple((k, _freeze(v)) for k, v in sorted(kwargs.items())), id(prof))
         except _Unhashable:
             return fn(*args, **kwargs)
         with lock:

@@ -17,6 +17,7 @@ The plan's :attr:`Plan.cost` is what the kernels must count when they run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import types
@@ -89,8 +90,9 @@ class KernelPlan:
     def level_bytes(self, level: str) -> int:
         return sum(b.nbytes for b in self.buffers if b.level == level)
 
-    @property
+    @functools.cached_property
     def cost(self) -> Cost:
+        """The planned Cost (computed once: plans are immutable and shared, machine/memo.py)."""
         peaks = {field: self.level_bytes(level) for level, field in _PEAK_FIELD.items()}
         return Cost(
             kernels=1,
@@ -140,8 +142,9 @@ class Plan:
     def where(self) -> str:
         return f"{self.op}.{self.strategy}"
 
-    @property
+    @functools.cached_property
     def cost(self) -> Cost:
+        """The planned Cost of all kernels (computed once)."""
         return sum((k.cost for k in self.kernels), Cost())
 
     def estimate(self, profile=None):
