@@ -42,6 +42,7 @@ def check(out, ref, dtype, atol=None):
 @pytest.mark.parametrize("name", STRATEGIES)
 @pytest.mark.parametrize("shape", [
     (2, 6, 2, 1, 77, 32),    # decode, G = 3, tail tile
+    (1, 10, 2, 1, 67, 40),   # decode, G = 5: a 4-row QK^T block + 1 row, D = 2*16 + 8, 67 % 4 keys
     (1, 4, 4, 9, 150, 16),   # G = 1, Sq > 1
     (2, 4, 2, 11, 200, 48),  # G = 2, Sq > 1: 22 rows -> the np.dot tile path
 ])

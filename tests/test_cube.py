@@ -190,3 +190,34 @@ def test_blas_call_per_l0_step(dt, rng):
                             out_k, walk, merge_k=False)
     _check_close(out, a, b, bias, dt)
     assert counted == (walk.tasks, walk.gm_read_bytes, walk.gm_write_bytes, 0, walk.cube_flops)
+
+
+@numba.njit(cache=True)
+def _dot4x4_all(a, w, nvec, res, out):
+    """out[i, j] = dot4x4 of rows (r0 = i0*lda) of a and (w0 = j0*ldw) of w, every 4x4 block."""
+    lda = np.uint64(a.shape[1])
+    ldw = np.uint64(w.shape[1])
+    af = a.reshape(-1)
+    for i0 in range(0, a.shape[0], 4):
+        for j0 in range(0, w.shape[0], 4):
+            cube.dot4x4(af, np.uint64(i0) * lda, lda, w, np.uint64(j0) * ldw, ldw, np.uint64(nvec), res)
+            for e in range(16):
+                out[i0 + e // 4, j0 + e % 4] = res[e]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("k, nvec", [(128, 8), (80, 5), (83, 5), (16, 1), (16, 0)])
+def test_dot4x4_register_block(dt, k, nvec, rng):
+    """cube.dot4x4 (the attention QK^T block): 16 dot products over the first 16*nvec elements,
+    widened exactly from every storage dtype, results in row-major order; the k - 16*nvec rest
+    (83 = 5*16 + 3) is not read."""
+    a = rng.standard_normal((8, k)).astype(np.float32)
+    w = make((12, k), dt, rng)
+    res = np.full(16, np.nan, np.float32)
+    out = np.full((8, 12), np.nan, np.float32)
+    _dot4x4_all(a, dtypes.kernel_view(w), nvec, res, out)
+    used = 16 * nvec
+    ref = a[:, :used].astype(np.float64) @ dtypes.to_float32(w)[:, :used].astype(np.float64).T
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * max(1, used) ** 0.5)
+    if nvec:
+        assert np.abs(out).max() > 0.1

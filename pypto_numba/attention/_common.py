@@ -21,8 +21,9 @@ once to the storage dtype. A row whose tile has no allowed key (or whose keys ar
 after the mask) contributes ``m = -inf, l = 0, O = 0`` and the merge leaves the state unchanged.
 
 Decode-shaped tiles (few rows) use hand-written loops that stream K and V once with the G rows
-reusing each K/V row from L1 (QK^T: 4 rows x 2 keys per pass, 8 vector accumulators over D; PV: 4
-rows x 4 keys per pass over the O rows), and prefetch the K/V rows ``PREFETCH_ROWS`` keys ahead
+reusing each K/V row from L1 (QK^T: blocks of 4 rows x 4 keys, :func:`machine.cube.dot4x4`, 16
+512-bit accumulators over D reduced together; PV: 4 rows x 4 keys per pass over the O rows), and
+prefetch the K/V rows ``PREFETCH_ROWS`` keys ahead
 (the NPU double-buffers its GM->L1 loads the same way); tiles with >= GEMM_MIN_ROWS rows (prefill)
 use ``np.dot`` on fp32
 tiles (SciPy's OpenBLAS, fp32 accumulation; bf16/fp16 tiles are widened exactly to fp32 first),
@@ -46,7 +47,7 @@ from numba.extending import overload
 
 from .. import inputs
 from ..errors import ConstraintError, DTypeError, ShapeError, TileError
-from ..machine import dtypes
+from ..machine import cube, dtypes
 from ..machine.tile import prefetch_row
 from ..machine.jit import device
 from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
@@ -57,6 +58,7 @@ PV_MODES = ("storage", "compensated", "fp32")
 PV_CODE = {"storage": 0, "compensated": 1, "fp32": 2}
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows use np.dot (BLAS) for QK^T and PV
 PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
+RES_SLOTS = 16  # fp32 scratch slots per thread for the results of cube.dot4x4 (tile_scores)
 NEG_INF = np.float32(-np.inf)
 
 # vector element-ops per (row, key) of a processed tile: scale, max, sub, exp, sum, cast of P;
@@ -120,86 +122,51 @@ def load_q_block(q, b, kvh, G, i0, qv, qf):
 
 
 @device
-def tile_scores(qf, R, k, b, h, j0, n, s, kf, use_gemm):
-    """s[r*n + j] = sum_d qf[r, d] * k[b, h, j0 + j, d] in fp32 (R rows, n keys)."""
+def tile_scores(qf, R, k, b, h, j0, n, s, kf, use_gemm, res):
+    """s[r*n + j] = sum_d qf[r, d] * k[b, h, j0 + j, d] in fp32 (R rows, n keys); ``res``: 16 fp32
+    scratch slots (the results of :func:`cube.dot4x4`)."""
     D = k.shape[3]
     if use_gemm:
         kt = f32_tile(k, b, h, j0, n, kf)
         np.dot(qf[: R * D].reshape((R, D)), kt.T, s[: R * n].reshape((R, n)))
         return
-    # decode: 4 query rows x 2 keys share every K element loaded (8 vector accumulators over d,
-    # 6 loads per 8 FMAs); leftover rows one at a time
+    # decode: blocks of 4 query rows x 4 keys (cube.dot4x4, 512-bit, the 16 sums reduced together)
+    # over the first 16*nv elements of D, the < 16 rest in plain code; leftover keys and rows below
     ub = np.uint64(b)
     uh = np.uint64(h)
     uD = np.uint64(D)
     un = np.uint64(n)
+    nv = uD // np.uint64(cube.V16)
+    dv = nv * np.uint64(cube.V16)
+    kbase = ((ub * np.uint64(k.shape[1]) + uh) * np.uint64(k.shape[2]) + np.uint64(j0)) * uD  # flat k[b, h, j0, 0]
+    n4 = n - n % 4
     n2 = n - n % 2
     r = 0
     while r + 4 <= R:
         q0 = np.uint64(r * D)
-        q1 = q0 + uD
-        q2 = q1 + uD
-        q3 = q2 + uD
         s0 = np.uint64(r * n)
-        s1 = s0 + un
-        s2 = s1 + un
-        s3 = s2 + un
-        for jj in range(0, n2, 2):
+        for jj in range(0, n4, 4):
             if r == 0:
-                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS)
-                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS + 1)
+                for e in range(4):
+                    prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS + e)
             j = np.uint64(jj)
+            kj = kbase + j * uD
+            cube.dot4x4(qf, q0, uD, k, kj, uD, nv, res)
+            for i in range(np.uint64(4)):
+                qi = q0 + i * uD
+                for e in range(np.uint64(4)):
+                    acc = res[i * np.uint64(4) + e]
+                    for d in range(dv, uD):  # D % 16 rest
+                        acc += qf[qi + d] * dtypes.widen(k[ub, uh, np.uint64(j0) + j + e, d])
+                    s[s0 + i * un + j + e] = acc
+        for jj in range(n4, n):
             ja = np.uint64(j0 + jj)
-            jb = ja + np.uint64(1)
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
-            c0 = np.float32(0.0)
-            c1 = np.float32(0.0)
-            c2 = np.float32(0.0)
-            c3 = np.float32(0.0)
-            for d in range(uD):
-                kd = dtypes.widen(k[ub, uh, ja, d])
-                ke = dtypes.widen(k[ub, uh, jb, d])
-                x0 = qf[q0 + d]
-                x1 = qf[q1 + d]
-                x2 = qf[q2 + d]
-                x3 = qf[q3 + d]
-                a0 += x0 * kd
-                a1 += x1 * kd
-                a2 += x2 * kd
-                a3 += x3 * kd
-                c0 += x0 * ke
-                c1 += x1 * ke
-                c2 += x2 * ke
-                c3 += x3 * ke
-            s[s0 + j] = a0
-            s[s1 + j] = a1
-            s[s2 + j] = a2
-            s[s3 + j] = a3
-            j += np.uint64(1)
-            s[s0 + j] = c0
-            s[s1 + j] = c1
-            s[s2 + j] = c2
-            s[s3 + j] = c3
-        if n2 < n:
-            j = np.uint64(n2)
-            ja = np.uint64(j0 + n2)
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
-            for d in range(uD):
-                kd = dtypes.widen(k[ub, uh, ja, d])
-                a0 += qf[q0 + d] * kd
-                a1 += qf[q1 + d] * kd
-                a2 += qf[q2 + d] * kd
-                a3 += qf[q3 + d] * kd
-            s[s0 + j] = a0
-            s[s1 + j] = a1
-            s[s2 + j] = a2
-            s[s3 + j] = a3
+            for i in range(np.uint64(4)):
+                qi = q0 + i * uD
+                acc = np.float32(0.0)
+                for d in range(uD):
+                    acc += qf[qi + d] * dtypes.widen(k[ub, uh, ja, d])
+                s[s0 + i * un + np.uint64(jj)] = acc
         r += 4
     while r < R:
         q0 = np.uint64(r * D)
@@ -741,20 +708,26 @@ def merge_cube(*groups):
 
 
 class kernel_context:
-    """``with kernel_context() as ctx: kernel(..., ctx.gemm_rows, ...)`` (machine/cube.py helpers).
+    """``with kernel_context(rows) as ctx: kernel(..., ctx.gemm_rows, ...)`` (machine/cube.py helpers).
 
     ``gemm_rows``: GEMM_MIN_ROWS when SciPy's OpenBLAS can be held at one thread, else "never"
-    (hand-written loops only).
+    (hand-written loops only). ``rows``: the most rows a tile of the call can have; below
+    GEMM_MIN_ROWS no tile calls BLAS, so OpenBLAS is left alone (pinning it costs ~10 us a call,
+    a visible share of a short decode step).
     """
+
+    def __init__(self, rows: int = GEMM_MIN_ROWS):
+        self.rows = rows
 
     def __enter__(self):
         from ..machine import cube
 
         self._stack = contextlib.ExitStack()
-        have_blas = cube.blas_available()
-        self._stack.enter_context(cube.single_thread_blas())
+        uses_blas = self.rows >= GEMM_MIN_ROWS and cube.blas_available()
+        if uses_blas:
+            self._stack.enter_context(cube.single_thread_blas())
         self._stack.enter_context(cube.dynamic_tasks(1))
-        self.gemm_rows = GEMM_MIN_ROWS if have_blas else 1 << 62
+        self.gemm_rows = GEMM_MIN_ROWS if uses_blas else 1 << 62
         return self
 
     def __exit__(self, *exc):

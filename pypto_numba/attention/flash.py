@@ -83,6 +83,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
         ot = sc[o3:o4]
         mt = sc[o4:o5]
         lt = sc[o5:o5 + Rmax]
+        res = sc[o5 + Rmax:o5 + Rmax + C.RES_SLOTS]
         # the running state gets its own array (as slices of the tile scratch, the final read of
         # l was miscompiled: reordered before the merge's write, seen with numba 0.68)
         st = state[numba.get_thread_id()]
@@ -101,7 +102,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
         for t in range(t_lo, t_hi):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
-            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm)
+            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm, res)
             nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                   has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
             C.tile_pv(ph, R, n, v, b, kvh, j0, ot, kf, use_gemm, nmax)
@@ -195,7 +196,7 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
 
 
 def scratch_elems(Rmax, D, Dv, kv_tile):
-    return Rmax * D + 2 * Rmax * kv_tile + kv_tile * max(D, Dv) + Rmax * Dv + 2 * Rmax
+    return Rmax * D + 2 * Rmax * kv_tile + kv_tile * max(D, Dv) + Rmax * Dv + 2 * Rmax + C.RES_SLOTS
 
 
 def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
@@ -343,7 +344,7 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         part_l = np.empty((ps, pb, Rmax), np.float32)
         part_o = np.empty((ps, pb, Rmax * a.Dv), np.float32)
         msb, msh, msi, msj = a.mask_strides
-        with C.kernel_context() as blas:
+        with C.kernel_context(Rmax) as blas:
             counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal,
                                     a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, kvt,
                                     n_split, blas.gemm_rows, scratch, state, part_m, part_l, part_o)

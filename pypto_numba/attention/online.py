@@ -80,6 +80,7 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
         ot2 = sc[o5:o6]
         mt = sc[o6:o7]
         lt = sc[o7:o7 + Rmax]
+        res = sc[o7 + Rmax:o7 + Rmax + C.RES_SLOTS]
         ms = ws_m[task]
         ls = ws_l[task]
         os = ws_o[task]
@@ -89,7 +90,7 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
         for t in range(n_t):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
-            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm)
+            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm, res)
             nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                   has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
             C.tile_pv(ph, R, n, v, b, kvh, j0, ot, kf, use_gemm, nmax)
@@ -121,7 +122,7 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
 
 
 def scratch_elems(Rmax, D, Dv, kv_tile):
-    return Rmax * D + 3 * Rmax * kv_tile + kv_tile * max(D, Dv) + 2 * Rmax * Dv + 2 * Rmax
+    return Rmax * D + 3 * Rmax * kv_tile + kv_tile * max(D, Dv) + 2 * Rmax * Dv + 2 * Rmax + C.RES_SLOTS
 
 
 @memo_plan
@@ -226,7 +227,7 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
         ws_l = np.empty((tasks, Rmax), np.float32)
         ws_o = np.empty((tasks, Rmax * a.Dv), np.float32)
         msb, msh, msi, msj = a.mask_strides
-        with C.kernel_context() as blas:
+        with C.kernel_context(Rmax) as blas:
             counted = _online_kernel(a.q.kview, kk, vk, out_k, a.kv_len, a.causal, a.scale,
                                      a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, kvt,
                                      C.PV_CODE[p.params["pv"]], blas.gemm_rows, scratch,

@@ -59,6 +59,7 @@ def _scores_kernel(q, k, s_ws, qt, gemm_rows, scratch):
         qf = sc[0:o0]
         s = sc[o0:o1]
         kf = sc[o1:o1 + CHUNK * D]
+        res = sc[o1 + CHUNK * D:o1 + CHUNK * D + C.RES_SLOTS]
         for qi in range(nq):
             i0 = qi * qt
             qv = min(qt, Sq - i0)
@@ -67,7 +68,7 @@ def _scores_kernel(q, k, s_ws, qt, gemm_rows, scratch):
             gm_read += R * D * b_sz
             for j0 in range(0, Skv, CHUNK):
                 n = min(CHUNK, Skv - j0)
-                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, R >= gemm_rows)
+                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, R >= gemm_rows, res)
                 for r in range(R):
                     g = r // qv
                     ii = r - g * qv
@@ -266,15 +267,15 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
         Rmax = G * qt
         s_ws = np.empty((a.B, a.Hq, a.Sq, a.Skv), np.float32)
         _, p_ws = dtypes.empty((a.B, a.Hq, a.Sq, a.Skv), a.dtype)
-        sc1 = tile.scratch(Rmax * a.D + Rmax * CHUNK + CHUNK * a.D, np.float32)
-        with C.kernel_context() as blas:
+        sc1 = tile.scratch(Rmax * a.D + Rmax * CHUNK + CHUNK * a.D + C.RES_SLOTS, np.float32)
+        with C.kernel_context(Rmax) as blas:
             run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, blas.gemm_rows, sc1),
                       workspace_bytes=s_ws.nbytes)
         msb, msh, msi, msj = a.mask_strides
         run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.scale, a.has_mask,
                                   a.mask_flat, msb, msh, msi, msj), workspace_bytes=p_ws.nbytes)
         sc3 = tile.scratch(Rmax * CHUNK + 2 * Rmax * a.Dv + CHUNK * a.Dv, np.float32)
-        with C.kernel_context() as blas:
+        with C.kernel_context(Rmax) as blas:
             run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, blas.gemm_rows, sc3))
         run.workspace(a.copied_bytes)
     return out

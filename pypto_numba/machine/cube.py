@@ -298,69 +298,85 @@ def mma_blas(c, ldc, a, lda, b, ldb, m, n, k, slots):
            a, slots + 16, slots + 28, c, slots + 20)
 
 
-V16 = 16  # fp32 lanes of one 512-bit vector: the unit of dot4x2
+V16 = 16  # fp32 lanes of one 512-bit vector: the unit of dot4x2 and dot4x4
+
+# Why the register blocks below are written in LLVM IR: on this CPU LLVM's vectoriser picks
+# 256-bit vectors and keeps numba's scalar accumulators in scalar registers or memory; explicit
+# ``<16 x float>`` operations stay 512-bit (zmm) with every accumulator in a register, which halves
+# the FMA instructions. Operands ``w`` are storage kernel views (float32, uint16 = bf16,
+# int16 = fp16) widened exactly to fp32 on load; offsets are flat element indices into the data of
+# a C-contiguous array of any rank. The order of every fp32 addition is fixed by the code, so
+# results do not depend on the thread count.
+
+
+def _storage_ok(a):
+    return isinstance(a, types.Array) and a.dtype in (types.float32, types.uint16, types.int16)
+
+
+def _f32_array(a):
+    return isinstance(a, types.Array) and a.dtype == types.float32
+
+
+def _vload(builder, data, off, vty, align):
+    return builder.load(builder.bitcast(builder.gep(data, [off]), vty.as_pointer()), align=align)
+
+
+def _vload_widen(builder, data, off, dtype):
+    """16 storage elements at flat index ``off`` -> ``<16 x float>`` (exact widening)."""
+    v16 = ir.VectorType(ir.FloatType(), V16)
+    if dtype == types.float32:
+        return _vload(builder, data, off, v16, 4)
+    raw = _vload(builder, data, off, ir.VectorType(ir.IntType(16), V16), 2)
+    if dtype == types.uint16:  # bf16 bits -> the high half of fp32 bits
+        wide = builder.zext(raw, ir.VectorType(ir.IntType(32), V16))
+        wide = builder.shl(wide, ir.Constant(ir.VectorType(ir.IntType(32), V16), [16] * V16))
+        return builder.bitcast(wide, v16)
+    return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), V16)), v16)
+
+
+def _fma(builder, acc, x, y):
+    flags = ("contract",)  # lets LLVM fuse the multiply-add (one rounding), as numba's kernels do
+    return builder.fadd(acc, builder.fmul(x, y, flags=flags), flags=flags)
+
+
+def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols):
+    """The rows x cols accumulators of a register-blocked dot product over ``16*nvec`` elements."""
+    f32 = ir.FloatType()
+    i64 = ir.IntType(64)
+    v16 = ir.VectorType(f32, V16)
+    zero = ir.Constant(v16, [0.0] * V16)
+    accs = [cgutils.alloca_once_value(builder, zero) for _ in range(rows * cols)]
+    arows = [builder.add(r0, builder.mul(lda, ir.Constant(i64, i))) for i in range(rows)]
+    wrows = [builder.add(w0, builder.mul(ldw, ir.Constant(i64, j))) for j in range(cols)]
+    with cgutils.for_range(builder, nvec) as loop:
+        q = builder.mul(loop.index, ir.Constant(i64, V16))
+        ws = [_vload_widen(builder, w_data, builder.add(wr, q), w.dtype) for wr in wrows]
+        for i in range(rows):
+            x = _vload(builder, a_data, builder.add(arows[i], q), v16, 4)
+            for j in range(cols):
+                builder.store(_fma(builder, builder.load(accs[cols * i + j]), x, ws[j]), accs[cols * i + j])
+    return [builder.load(acc) for acc in accs]
 
 
 @intrinsic
 def dot4x2(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
     """``res[2*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i < 4, j < 2 and
-    ``q < 16*nvec``: the decode register block in explicit 512-bit vectors.
+    ``q < 16*nvec``: the linear decode register block (4 rows of x, 2 weight rows).
 
-    Why in LLVM IR: on this CPU LLVM's vectoriser picks 256-bit vectors, and with them a decode
-    step with 8 rows of ``a`` needs 8 FMA lanes per weight element, near the FMA issue limit for
-    16-bit weights (estimate: ~22 GB/s of bf16 weights on 2 cores at 2 ymm FMAs per cycle);
-    explicit ``<16 x float>`` operations are kept at 512 bits (zmm), half the FMA instructions. ``a`` is fp32; ``w`` a storage kernel
-    view: float32, uint16 (bf16: shifted into the high half, exact) or int16 (fp16: ``fpext``,
-    exact). 8 vector accumulators, each reduced once at the end (fp32; the order of the
-    additions is fixed by the code, so results do not depend on the thread count).
+    With 256-bit vectors a decode step with 8 rows of ``a`` needs 8 FMA lanes per weight element,
+    near the FMA issue limit for 16-bit weights (estimate: ~22 GB/s of bf16 weights on 2 cores);
+    512-bit vectors halve that. 8 vector accumulators, each reduced once at the end.
     """
-    if not (isinstance(a, types.Array) and isinstance(w, types.Array) and isinstance(res, types.Array)):
-        return None
-    if a.dtype != types.float32 or res.dtype != types.float32:
-        return None
-    wdt = w.dtype
-    if wdt not in (types.float32, types.uint16, types.int16):
+    if not (_f32_array(a) and _storage_ok(w) and _f32_array(res)):
         return None
 
     def codegen(context, builder, sig, args):
         a_arr = context.make_array(sig.args[0])(context, builder, args[0])
         w_arr = context.make_array(sig.args[3])(context, builder, args[3])
         r_arr = context.make_array(sig.args[7])(context, builder, args[7])
-        r0_, lda_, w0_, ldw_, nvec_ = args[1], args[2], args[4], args[5], args[6]
-        f32 = ir.FloatType()
-        i64 = ir.IntType(64)
-        v16 = ir.VectorType(f32, V16)
-        flags = ("contract",)
-
-        def vload(arr, off, vty, align):
-            ptr = builder.bitcast(builder.gep(arr.data, [off]), vty.as_pointer())
-            return builder.load(ptr, align=align)
-
-        def wload(off):
-            if wdt == types.float32:
-                return vload(w_arr, off, v16, 4)
-            raw = vload(w_arr, off, ir.VectorType(ir.IntType(16), V16), 2)
-            if wdt == types.uint16:  # bf16 bits -> the high half of fp32 bits
-                wide = builder.zext(raw, ir.VectorType(ir.IntType(32), V16))
-                wide = builder.shl(wide, ir.Constant(ir.VectorType(ir.IntType(32), V16), [16] * V16))
-                return builder.bitcast(wide, v16)
-            return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), V16)), v16)
-
-        zero = ir.Constant(v16, [0.0] * V16)
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(8)]
-        rows = [builder.add(r0_, builder.mul(lda_, ir.Constant(i64, i))) for i in range(4)]
-        wrows = [w0_, builder.add(w0_, ldw_)]
-        with cgutils.for_range(builder, nvec_) as loop:
-            q = builder.mul(loop.index, ir.Constant(i64, V16))
-            ws = [wload(builder.add(wr, q)) for wr in wrows]
-            for i in range(4):
-                x = vload(a_arr, builder.add(rows[i], q), v16, 4)
-                for j in range(2):
-                    acc = builder.load(accs[2 * i + j])
-                    acc = builder.fadd(acc, builder.fmul(x, ws[j], flags=flags), flags=flags)
-                    builder.store(acc, accs[2 * i + j])
-        for k in range(8):  # tree reduction: 16 -> 8 -> 4 -> 2 -> 1 lanes
-            v = builder.load(accs[k])
+        accs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
+                          args[6], 4, 2)
+        for k, v in enumerate(accs):  # tree reduction: 16 -> 8 -> 4 -> 2 -> 1 lanes
             width = V16
             while width > 1:
                 width //= 2
@@ -369,7 +385,46 @@ def dot4x2(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
                                                               list(range(width, 2 * width))))
                 v = builder.fadd(lo, hi)
             total = builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-            builder.store(total, builder.gep(r_arr.data, [ir.Constant(i64, k)]))
+            builder.store(total, builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), k)]))
+        return context.get_dummy_value()
+
+    return types.void(a, types.uint64, types.uint64, w, types.uint64, types.uint64, types.uint64, res), codegen
+
+
+@intrinsic
+def dot4x4(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
+    """``res[4*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i, j < 4 and
+    ``q < 16*nvec``: the QK^T register block of decode attention (4 query rows x 4 keys).
+
+    16 vector accumulators (8 loads per 16 FMAs), reduced *together*: each step adds the low and
+    high halves of two vectors' partial sums into one vector (16 -> 8 -> 4 -> 2 -> 1 vectors), 30
+    shuffles for the 16 sums instead of 8 each, and the last vector holds the 16 results in order.
+    """
+    if not (_f32_array(a) and _storage_ok(w) and _f32_array(res)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a_arr = context.make_array(sig.args[0])(context, builder, args[0])
+        w_arr = context.make_array(sig.args[3])(context, builder, args[3])
+        r_arr = context.make_array(sig.args[7])(context, builder, args[7])
+        vecs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
+                          args[6], 4, 4)
+        i32 = ir.IntType(32)
+        parts = V16  # partial sums per accumulator in each vector; accumulators per vector = 16 // parts
+        while len(vecs) > 1:
+            half = parts // 2
+            accs2 = 2 * (V16 // parts)  # accumulators in the concatenation of two vectors
+            lo_mask = [acc * parts + p for acc in range(accs2) for p in range(half)]
+            hi_mask = [acc * parts + half + p for acc in range(accs2) for p in range(half)]
+            nxt = []
+            for x, y in zip(vecs[0::2], vecs[1::2]):
+                lo = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, V16), lo_mask))
+                hi = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, V16), hi_mask))
+                nxt.append(builder.fadd(lo, hi))
+            vecs = nxt
+            parts = half
+        ptr = builder.bitcast(r_arr.data, vecs[0].type.as_pointer())
+        builder.store(vecs[0], ptr, align=4)
         return context.get_dummy_value()
 
     return types.void(a, types.uint64, types.uint64, w, types.uint64, types.uint64, types.uint64, res), codegen
