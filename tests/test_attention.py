@@ -389,3 +389,27 @@ def test_num_splits_is_capped_at_the_tile_count(rng):
 def test_standard_refuses_a_score_workspace_over_int32():
     with pytest.raises(ConstraintError, match=r"score workspace.*INT32_MAX.*attention.online"):
         plan_standard((1, 16, 16384, 64), (1, 16, 16384, 64))
+
+
+@pytest.mark.parametrize("kv_tile", [16, 48, 512])
+def test_flash_prefill_key_groups_merge_like_tile_by_tile(kv_tile, dtype, rng):
+    """flash prefill runs up to GEMM_GROUP_KEYS keys of consecutive KV tiles per QK^T and P@V
+    (group_softmax folds the per-tile merge into P): 150 keys are 10 tiles of 16 in one group
+    (a 6-key tail), 4 tiles of 48 or one tile of 512; with causal, kv_len (a batch whose allowed
+    keys end inside a tile, garbage past it) and a mask, against the oracle and the tile-by-tile
+    merge of online."""
+    from pypto_numba.attention._common import GEMM_GROUP_KEYS, gemm_group
+
+    assert gemm_group(kv_tile) == max(1, GEMM_GROUP_KEYS // kv_tile)
+    B, Hq, Hkv, Sq, Skv, D = 2, 4, 2, 20, 150, 32  # R = 40 rows: the BLAS path
+    q, k, v = inputs(rng, B, Hq, Hkv, Sq, Skv, D, dtype)
+    kv_len = np.array([150, 61])
+    v[1, :, 61:] = np.inf
+    mask = (rng.standard_normal((1, Hq, Sq, Skv)) * 2).astype(np.float32)
+    opts = dict(causal=True, kv_len=kv_len, mask=mask)
+    out, rec = run_traced(flash, q, k, v, kv_tile=kv_tile, **opts)
+    check(out, reference.attention(q, k, v, **opts), dtype)
+    assert_cost_matches_plan(rec)
+    by_tile = online(q, k, v, kv_tile=kv_tile, **opts)
+    np.testing.assert_allclose(out.astype(np.float32), by_tile.astype(np.float32), rtol=0,
+                               atol={"fp32": 1e-5, "bf16": 2e-2, "fp16": 2e-3}[dtype])
