@@ -208,15 +208,16 @@ def _dot4x4_all(a, w, nvec, res, out):
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("k, nvec", [(128, 8), (80, 5), (83, 5), (16, 1), (16, 0)])
 def test_dot4x4_register_block(dt, k, nvec, rng):
-    """cube.dot4x4 (the attention QK^T block): 16 dot products over the first 16*nvec elements,
-    widened exactly from every storage dtype, results in row-major order; the k - 16*nvec rest
-    (83 = 5*16 + 3) is not read."""
+    """cube.dot4x4 (the attention QK^T block): 16 dot products over the first L*nvec elements
+    (L = DOT4X4_LANES), widened exactly from every storage dtype, results in row-major order; the
+    rest of the row is not read."""
     a = rng.standard_normal((8, k)).astype(np.float32)
     w = make((12, k), dt, rng)
     res = np.full(16, np.nan, np.float32)
     out = np.full((8, 12), np.nan, np.float32)
     _dot4x4_all(a, dtypes.kernel_view(w), nvec, res, out)
-    used = 16 * nvec
+    used = cube.DOT4X4_LANES * nvec
+    assert used <= k
     ref = a[:, :used].astype(np.float64) @ dtypes.to_float32(w)[:, :used].astype(np.float64).T
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * max(1, used) ** 0.5)
     if nvec:

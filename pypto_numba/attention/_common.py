@@ -22,7 +22,7 @@ after the mask) contributes ``m = -inf, l = 0, O = 0`` and the merge leaves the 
 
 Decode-shaped tiles (few rows) use hand-written loops that stream K and V once with the G rows
 reusing each K/V row from L1 (QK^T: blocks of 4 rows x 4 keys, :func:`machine.cube.dot4x4`, 16
-512-bit accumulators over D reduced together; PV: 4 rows x 4 keys per pass over the O rows), and
+vector accumulators over D reduced together; PV: 4 rows x 4 keys per pass over the O rows), and
 prefetch the K/V rows ``PREFETCH_ROWS`` keys ahead
 (the NPU double-buffers its GM->L1 loads the same way); tiles with >= GEMM_MIN_ROWS rows (prefill)
 use ``np.dot`` on fp32
@@ -133,14 +133,14 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kf, use_gemm, res):
         kt = f32_tile(k, b, h, j0, n, kf)
         np.dot(qf[: R * D].reshape((R, D)), kt.T, s[: R * n].reshape((R, n)))
         return
-    # decode: blocks of 4 query rows x 4 keys (cube.dot4x4, 512-bit, the 16 sums reduced together)
-    # over the first 16*nv elements of D, the < 16 rest in plain code; leftover keys and rows below
+    # decode: blocks of 4 query rows x 4 keys (cube.dot4x4, the 16 sums reduced together) over the
+    # first whole vectors of D, the rest in plain code; leftover keys and rows below
     ub = np.uint64(b)
     uh = np.uint64(h)
     uD = np.uint64(D)
     un = np.uint64(n)
-    nv = uD // np.uint64(cube.V16)
-    dv = nv * np.uint64(cube.V16)
+    nv = uD // np.uint64(cube.DOT4X4_LANES)
+    dv = nv * np.uint64(cube.DOT4X4_LANES)
     kbase = ((ub * np.uint64(k.shape[1]) + uh) * np.uint64(k.shape[2]) + np.uint64(j0)) * uD  # flat k[b, h, j0, 0]
     n4 = n - n % 4
     n2 = n - n % 2

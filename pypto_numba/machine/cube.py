@@ -298,15 +298,15 @@ def mma_blas(c, ldc, a, lda, b, ldb, m, n, k, slots):
            a, slots + 16, slots + 28, c, slots + 20)
 
 
-V16 = 16  # fp32 lanes of one 512-bit vector: the unit of dot4x2 and dot4x4
+V16 = 16  # fp32 lanes of one 512-bit vector: the unit of dot4x2
 
-# Why the register blocks below are written in LLVM IR: on this CPU LLVM's vectoriser picks
-# 256-bit vectors and keeps numba's scalar accumulators in scalar registers or memory; explicit
-# ``<16 x float>`` operations stay 512-bit (zmm) with every accumulator in a register, which halves
-# the FMA instructions. Operands ``w`` are storage kernel views (float32, uint16 = bf16,
-# int16 = fp16) widened exactly to fp32 on load; offsets are flat element indices into the data of
-# a C-contiguous array of any rank. The order of every fp32 addition is fixed by the code, so
-# results do not depend on the thread count.
+# Why the register blocks below are written in LLVM IR: numba's loops keep one scalar
+# accumulator per dot product and LLVM reduces each vectorised one with its own shuffle tree;
+# here every accumulator is a vector register of the chosen width (explicit ``<16 x float>``
+# stays 512-bit zmm, which LLVM's vectoriser would not pick on this CPU). Operands ``w`` are
+# storage kernel views (float32, uint16 = bf16, int16 = fp16) widened exactly to fp32 on load;
+# offsets are flat element indices into the data of a C-contiguous array of any rank. The order
+# of every fp32 addition is fixed by the code, so results do not depend on the thread count.
 
 
 def _storage_ok(a):
@@ -321,17 +321,17 @@ def _vload(builder, data, off, vty, align):
     return builder.load(builder.bitcast(builder.gep(data, [off]), vty.as_pointer()), align=align)
 
 
-def _vload_widen(builder, data, off, dtype):
-    """16 storage elements at flat index ``off`` -> ``<16 x float>`` (exact widening)."""
-    v16 = ir.VectorType(ir.FloatType(), V16)
+def _vload_widen(builder, data, off, dtype, lanes=V16):
+    """``lanes`` storage elements at flat index ``off`` -> ``<lanes x float>`` (exact widening)."""
+    vf = ir.VectorType(ir.FloatType(), lanes)
     if dtype == types.float32:
-        return _vload(builder, data, off, v16, 4)
-    raw = _vload(builder, data, off, ir.VectorType(ir.IntType(16), V16), 2)
+        return _vload(builder, data, off, vf, 4)
+    raw = _vload(builder, data, off, ir.VectorType(ir.IntType(16), lanes), 2)
     if dtype == types.uint16:  # bf16 bits -> the high half of fp32 bits
-        wide = builder.zext(raw, ir.VectorType(ir.IntType(32), V16))
-        wide = builder.shl(wide, ir.Constant(ir.VectorType(ir.IntType(32), V16), [16] * V16))
-        return builder.bitcast(wide, v16)
-    return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), V16)), v16)
+        wide = builder.zext(raw, ir.VectorType(ir.IntType(32), lanes))
+        wide = builder.shl(wide, ir.Constant(ir.VectorType(ir.IntType(32), lanes), [16] * lanes))
+        return builder.bitcast(wide, vf)
+    return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), lanes)), vf)
 
 
 def _fma(builder, acc, x, y):
@@ -339,18 +339,18 @@ def _fma(builder, acc, x, y):
     return builder.fadd(acc, builder.fmul(x, y, flags=flags), flags=flags)
 
 
-def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols):
-    """The rows x cols accumulators of a register-blocked dot product over ``16*nvec`` elements."""
+def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols, lanes=V16):
+    """The rows x cols accumulators of a register-blocked dot product over ``lanes*nvec`` elements."""
     f32 = ir.FloatType()
     i64 = ir.IntType(64)
-    v16 = ir.VectorType(f32, V16)
-    zero = ir.Constant(v16, [0.0] * V16)
+    v16 = ir.VectorType(f32, lanes)
+    zero = ir.Constant(v16, [0.0] * lanes)
     accs = [cgutils.alloca_once_value(builder, zero) for _ in range(rows * cols)]
     arows = [builder.add(r0, builder.mul(lda, ir.Constant(i64, i))) for i in range(rows)]
     wrows = [builder.add(w0, builder.mul(ldw, ir.Constant(i64, j))) for j in range(cols)]
     with cgutils.for_range(builder, nvec) as loop:
-        q = builder.mul(loop.index, ir.Constant(i64, V16))
-        ws = [_vload_widen(builder, w_data, builder.add(wr, q), w.dtype) for wr in wrows]
+        q = builder.mul(loop.index, ir.Constant(i64, lanes))
+        ws = [_vload_widen(builder, w_data, builder.add(wr, q), w.dtype, lanes) for wr in wrows]
         for i in range(rows):
             x = _vload(builder, a_data, builder.add(arows[i], q), v16, 4)
             for j in range(cols):
@@ -391,40 +391,48 @@ def dot4x2(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
     return types.void(a, types.uint64, types.uint64, w, types.uint64, types.uint64, types.uint64, res), codegen
 
 
+# fp32 lanes of dot4x4's vectors. 256-bit: in cache as fast as 512-bit (19 ns per key at G=4,
+# D=128, against 40 for numba's 4x2 loop), and unlike 512-bit (0.92-0.95x) no slower than that
+# loop when K streams from DRAM (presumably AVX-512's lower core clock; measured on the 2-core Xeon)
+DOT4X4_LANES = 8
+
+
 @intrinsic
 def dot4x4(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
     """``res[4*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i, j < 4 and
-    ``q < 16*nvec``: the QK^T register block of decode attention (4 query rows x 4 keys).
+    ``q < DOT4X4_LANES*nvec``: the QK^T register block of decode attention (4 query rows x 4 keys).
 
     16 vector accumulators (8 loads per 16 FMAs), reduced *together*: each step adds the low and
-    high halves of two vectors' partial sums into one vector (16 -> 8 -> 4 -> 2 -> 1 vectors), 30
-    shuffles for the 16 sums instead of 8 each, and the last vector holds the 16 results in order.
+    high halves of two vectors' partial sums into one vector, so the 16 sums take a few shuffles
+    each instead of a tree per accumulator, and the last vectors hold the results in order.
     """
     if not (_f32_array(a) and _storage_ok(w) and _f32_array(res)):
         return None
+    L = DOT4X4_LANES
 
     def codegen(context, builder, sig, args):
         a_arr = context.make_array(sig.args[0])(context, builder, args[0])
         w_arr = context.make_array(sig.args[3])(context, builder, args[3])
         r_arr = context.make_array(sig.args[7])(context, builder, args[7])
         vecs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
-                          args[6], 4, 4)
+                          args[6], 4, 4, L)
         i32 = ir.IntType(32)
-        parts = V16  # partial sums per accumulator in each vector; accumulators per vector = 16 // parts
-        while len(vecs) > 1:
+        parts = L  # partial sums per accumulator in each vector; accumulators per vector = L // parts
+        while parts > 1:
             half = parts // 2
-            accs2 = 2 * (V16 // parts)  # accumulators in the concatenation of two vectors
+            accs2 = 2 * (L // parts)  # accumulators in the concatenation of two vectors
             lo_mask = [acc * parts + p for acc in range(accs2) for p in range(half)]
             hi_mask = [acc * parts + half + p for acc in range(accs2) for p in range(half)]
             nxt = []
             for x, y in zip(vecs[0::2], vecs[1::2]):
-                lo = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, V16), lo_mask))
-                hi = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, V16), hi_mask))
+                lo = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, L), lo_mask))
+                hi = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, L), hi_mask))
                 nxt.append(builder.fadd(lo, hi))
             vecs = nxt
             parts = half
-        ptr = builder.bitcast(r_arr.data, vecs[0].type.as_pointer())
-        builder.store(vecs[0], ptr, align=4)
+        for idx, vec in enumerate(vecs):  # 16 // L vectors of L results each, in order
+            ptr = builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), idx * L)])
+            builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return types.void(a, types.uint64, types.uint64, w, types.uint64, types.uint64, types.uint64, res), codegen
