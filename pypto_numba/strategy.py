@@ -173,8 +173,11 @@ class Launch:
         """Record the next kernel's counters ``(tasks, gm_read, gm_write, vector_ops, cube_flops)``."""
         if len(self._costs) >= len(self.plan.kernels):
             raise RuntimeError(f"{self.plan.where}: more kernels ran than the plan declares")
+        tasks, gm_read, gm_write, vector_ops, cube_flops = values = tuple(int(v) for v in counted)
+        if min(values) < 0 or workspace_bytes < 0:  # e.g. an overflowed counter
+            raise RuntimeError(f"{self.plan.where}: negative count {values}, workspace {workspace_bytes}")
         # kept raw: the Cost is built only when a trace asks for it (this runs on every call)
-        self._costs.append((tuple(int(v) for v in counted), int(workspace_bytes)))
+        self._costs.append((values, int(workspace_bytes)))
 
     def workspace(self, nbytes: int):
         """Extra GM workspace of the call that no single kernel owns (e.g. a contiguous copy)."""

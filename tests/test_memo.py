@@ -59,8 +59,12 @@ def test_equal_values_of_other_types_do_not_share_a_plan():
     # True == 1 and 16.0 == 16 hash alike, but a plan refuses a bool or a fractional tile size:
     # a plan built for the int must not be handed out for them
     assert gelu.plan_tanh((8, 4096), "fp32", tile=1024) is gelu.plan_tanh((8, 4096), "fp32", tile=1024)
+    for equal in (1024.0, np.float64(1024), True):
+        with pytest.raises(TileError):
+            gelu.plan_tanh((8, 4096), "fp32", tile=equal)
+    assert attention.plan_online((1, 4, 1, 128), (1, 1, 100, 128), None, "fp32", kv_tile=1).params["kv_tile"] == 1
     with pytest.raises(TileError):
-        gelu.plan_tanh((8, 4096), "fp32", tile=1024.5)
+        attention.plan_online((1, 4, 1, 128), (1, 1, 100, 128), None, "fp32", kv_tile=True)
     calls = []
 
     @memo_plan

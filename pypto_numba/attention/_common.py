@@ -159,7 +159,7 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kf, use_gemm, res):
                 qi = q0 + i * uD
                 for e in range(np.uint64(4)):
                     acc = res[i * np.uint64(4) + e]
-                    for d in range(dv, uD):  # D % 16 rest
+                    for d in range(dv, uD):  # the D % DOT4X4_LANES rest
                         acc += qf[qi + d] * dtypes.widen(k[ub, uh, np.uint64(j0) + j + e, d])
                     s[s0 + i * un + j + e] = acc
         for jj in range(n4, n):
@@ -479,9 +479,13 @@ def group_softmax(s, R, ng, kv_tile, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, cau
 
 
 @device
-def scale_add_state(os, fo, ot, R, Dv):
-    """os[r] = fo[r]*os[r] + ot[r] (the group merge of :func:`group_softmax`)."""
+def scale_add_state(os, fo, ot, ms, R, Dv):
+    """os[r] = fo[r]*os[r] + ot[r] (the group merge of :func:`group_softmax`). Rows with no
+    allowed key so far (state max -inf) keep O = 0, as :func:`merge_state` leaves them: their P
+    row is 0, but 0 * a non-finite V value inside kv_len would be NaN."""
     for r in range(R):
+        if ms[r] == NEG_INF:
+            continue
         f = fo[r]
         base = np.uint64(r * Dv)
         for d in range(np.uint64(Dv)):
@@ -499,7 +503,9 @@ def reset_state(ms, ls, os, R, Dv):
 
 @device
 def write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv):
-    """out[b, kvh*G+g, i0+ii, :] = os[r] / ls[r] (0 for l == 0), one cast to the storage dtype."""
+    """out[b, kvh*G+g, i0+ii, :] = os[r] / ls[r], one cast to the storage dtype. l == 0 (a fully
+    masked row) gives exact zeros, whatever O holds: its P row is 0, but 0 * a non-finite V value
+    inside kv_len is NaN (a NaN row has l = NaN and stays NaN)."""
     for r in range(R):
         g = r // qv
         ii = r - g * qv
@@ -507,6 +513,10 @@ def write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv):
         l = ls[r]
         inv = np.float32(1.0) / l if l > 0 else np.float32(0.0)
         base = r * Dv
+        if l == 0:
+            for d in range(Dv):
+                out[b, h, i0 + ii, d] = dtypes.narrow(out, np.float32(0.0))
+            continue
         for d in range(Dv):
             out[b, h, i0 + ii, d] = dtypes.narrow(out, os[base + d] * inv)
 

@@ -119,7 +119,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
                 nmax = C.group_softmax(s, R, ng, kv_tile, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal,
                                        scale, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, q, ms, ls, fo, coef)
                 C.tile_pv(ph, R, ng, v, b, kvh, j0, ot, kf, True, nmax)
-                C.scale_add_state(os, fo, ot, R, Dv)
+                C.scale_add_state(os, fo, ot, ms, R, Dv)
             else:
                 nmax = C.tile_softmax(s, R, ng, ng, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                       has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)

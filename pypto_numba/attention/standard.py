@@ -158,12 +158,15 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, gemm_rows, scratch):
         ot = sc[o0:o1]
         acc = sc[o1:o2]
         vf = sc[o2:o2 + CHUNK * Dv]
+        live = sc[o2 + CHUNK * Dv:o2 + CHUNK * Dv + Rmax]  # 1 where the row's P has a nonzero
         for qi in range(nq):
             i0 = qi * qt
             qv = min(qt, Sq - i0)
             R = G * qv
             for i in range(R * Dv):
                 acc[i] = np.float32(0.0)
+            for r in range(R):
+                live[r] = np.float32(0.0)
             # keys past the block's allowed prefix have P = 0 and V there may be anything (a
             # cache slot past kv_len): the matmul stops at the prefix (the traffic is counted
             # as the whole-row kernel's)
@@ -175,6 +178,8 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, gemm_rows, scratch):
                     ii = r - g * qv
                     for j in range(n):
                         pf[r * n + j] = dtypes.widen(p_ws[b, kvh * G + g, i0 + ii, j0 + j])
+                        if pf[r * n + j] != 0:
+                            live[r] = np.float32(1.0)
                 C.tile_pv(pf, R, n, v, b, kvh, j0, ot, vf, R >= gemm_rows, max(0, min(n, lim - j0)))
                 for i in range(R * Dv):
                     acc[i] += ot[i]  # L0C accumulation across K steps (fp32)
@@ -183,6 +188,10 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, gemm_rows, scratch):
             for r in range(R):
                 g = r // qv
                 ii = r - g * qv
+                if live[r] == 0:  # a fully masked row: zeros, also where 0 * a non-finite V gave NaN
+                    for d in range(Dv):
+                        out[b, kvh * G + g, i0 + ii, d] = dtypes.narrow(out, np.float32(0.0))
+                    continue
                 for d in range(Dv):
                     out[b, kvh * G + g, i0 + ii, d] = dtypes.narrow(out, acc[r * Dv + d])
             gm_write += R * Dv * b_sz
@@ -274,7 +283,7 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
         msb, msh, msi, msj = a.mask_strides
         run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.scale, a.has_mask,
                                   a.mask_flat, msb, msh, msi, msj), workspace_bytes=p_ws.nbytes)
-        sc3 = tile.scratch(Rmax * CHUNK + 2 * Rmax * a.Dv + CHUNK * a.Dv, np.float32)
+        sc3 = tile.scratch(Rmax * CHUNK + 2 * Rmax * a.Dv + CHUNK * a.Dv + Rmax, np.float32)
         with C.kernel_context(Rmax) as blas:
             run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, blas.gemm_rows, sc3))
         run.workspace(a.copied_bytes)
