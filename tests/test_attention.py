@@ -391,35 +391,11 @@ def test_standard_refuses_a_score_workspace_over_int32():
         plan_standard((1, 16, 16384, 64), (1, 16, 16384, 64))
 
 
-@pytest.mark.parametrize("kv_tile, group_keys", [(16, 64), (48, 96), (128, 512)])
-def test_flash_prefill_key_groups_merge_like_tile_by_tile(kv_tile, group_keys, dtype, rng, monkeypatch):
-    """flash prefill runs GEMM_GROUP_KEYS keys of consecutive KV tiles per QK^T and P@V
-    (group_softmax folds the per-tile merge into P). 150 keys: groups of 4+4+2 tiles of 16 (a
-    6-key tail), 2+2 tiles of 48, one group of 2 tiles of 128: later groups merge into a non-empty
-    state. With causal, kv_len (a batch whose allowed keys end inside a tile, garbage past it) and
-    a mask, against the oracle and the tile-by-tile merge of online."""
-    from pypto_numba.attention import _common
-
-    monkeypatch.setattr(_common, "GEMM_GROUP_KEYS", group_keys)  # read in Python at each call
-    B, Hq, Hkv, Sq, Skv, D = 2, 4, 2, 20, 150, 32  # R = 40 rows: the BLAS path
-    q, k, v = inputs(rng, B, Hq, Hkv, Sq, Skv, D, dtype)
-    kv_len = np.array([150, 61])
-    v[1, :, 61:] = np.inf
-    mask = (rng.standard_normal((1, Hq, Sq, Skv)) * 2).astype(np.float32)
-    opts = dict(causal=True, kv_len=kv_len, mask=mask)
-    out, rec = run_traced(flash, q, k, v, kv_tile=kv_tile, num_splits=1, **opts)
-    check(out, reference.attention(q, k, v, **opts), dtype)
-    assert_cost_matches_plan(rec)
-    by_tile = online(q, k, v, kv_tile=kv_tile, **opts)
-    np.testing.assert_allclose(out.astype(np.float32), by_tile.astype(np.float32), rtol=0,
-                               atol={"fp32": 1e-5, "bf16": 2e-2, "fp16": 2e-3}[dtype])
-
-
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_fully_masked_row_is_zero_despite_inf_in_v(name, rng):
     """A row whose mask is -inf everywhere returns zeros, also when V holds inf at a key inside
     kv_len that other rows attend (their outputs are inf/NaN; 0 * inf must not reach this row).
-    Sq = 20: the BLAS tile path (flash: a group of KV tiles)."""
+    Sq = 20: the BLAS tile path (flash: split-KV and the combine)."""
     q, k, v = inputs(rng, 1, 2, 1, 20, 150, 16, "fp32")
     v[0, 0, 10] = np.inf
     mask = np.zeros((1, 2, 20, 150), np.float32)

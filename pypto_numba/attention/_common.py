@@ -57,9 +57,6 @@ GQA_MODES = ("head_loop", "expand_clone")
 PV_MODES = ("storage", "compensated", "fp32")
 PV_CODE = {"storage": 0, "compensated": 1, "fp32": 2}
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows use np.dot (BLAS) for QK^T and PV
-# flash prefill runs this many keys of consecutive KV tiles per BLAS call (group_softmax): single
-# thread, 64 query rows x D=128, OpenBLAS ran QK^T at 49 GFLOP/s with 128 keys and 78 with 512
-GEMM_GROUP_KEYS = 512
 PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
 RES_SLOTS = 16  # fp32 scratch slots per thread for the results of cube.dot4x4 (tile_scores)
 NEG_INF = np.float32(-np.inf)
@@ -347,13 +344,12 @@ def row_max(s, base, c):
 
 
 @device
-def tile_softmax(s, R, n, ld, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                  has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, like):
     """Scale, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype.
 
-    ``s`` and ``ph`` hold the tile as [R, n] with row stride ``ld`` (>= n). Writes ph (and pl only
-    for pv_mode 1, so pl may alias ph otherwise), mt[R], lt[R]. Returns the largest allowed key
-    count in the tile (keys past it have p = 0 in every row).
+    Writes ph (and pl only for pv_mode 1, so pl may alias ph otherwise) [R, n], mt[R], lt[R]. Returns the largest allowed key count
+    in the tile (keys past it have p = 0 in every row).
     """
     nmax = 0
     for r in range(R):
@@ -362,7 +358,7 @@ def tile_softmax(s, R, n, ld, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, sc
         c = allowed_keys(b, i, Sq, Skv, kv_len, causal) - j0
         c = max(min(c, n), 0)
         nmax = max(nmax, c)
-        base = np.uint64(r * ld)  # the row in the flat tiles (uint64: vectorised loops)
+        base = np.uint64(r * n)  # the row in the flat tiles (uint64: vectorised loops)
         uc = np.uint64(c)
         if has_mask:
             mbase = b * msb + (kvh * G + g) * msh + i * msi + j0 * msj
@@ -424,72 +420,6 @@ def merge_state(ms, ls, os, mt, lt, ot, R, Dv):
         base = np.uint64(r * Dv)
         for d in range(np.uint64(Dv)):
             os[base + d] = a * os[base + d] + c * ot[base + d]
-
-
-@device
-def group_softmax(s, R, ng, kv_tile, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                  has_mask, mask, msb, msh, msi, msj, mt, lt, ph, like, ms, ls, fo, coef):
-    """The softmax and state merge of the ``ceil(ng / kv_tile)`` KV tiles whose scores are the
-    columns of ``s`` [R, ng], with P prepared for *one* P@V over all of them (CPU prefill).
-
-    Tile by tile as the NPU does: scale, mask, tile max/exp/sum, P rounded to the storage dtype
-    (:func:`tile_softmax`), then the merge of (m, l) into the state. The merge of O,
-    ``O = a*O + c*(P_t V_t)`` per tile, is folded into the product instead: P_t's rows are scaled
-    by their tile's merge weight (``c`` times the ``a`` of every later tile) and ``fo[r]`` gets the
-    product of the ``a``s, so that ``O = fo*O + P @ V`` over the group equals the tile-by-tile
-    merge up to fp32 rounding (the NPU's rounding points, P in the storage dtype, are kept).
-    ``coef``: [tiles * R] scratch. Returns the allowed key count of the group (keys past it have
-    p = 0 in every row).
-    """
-    tg = (ng + kv_tile - 1) // kv_tile
-    for r in range(R):
-        fo[r] = np.float32(1.0)
-    nmax = 0
-    for u in range(tg):
-        c0 = u * kv_tile
-        n = min(kv_tile, ng - c0)
-        nu = tile_softmax(s[c0:], R, n, ng, j0 + c0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                          has_mask, mask, msb, msh, msi, msj, mt, lt, ph[c0:], ph[c0:], 0, like)
-        if nu > 0:
-            nmax = c0 + nu
-        for r in range(R):
-            coef[u * R + r] = np.float32(0.0)
-            m_new = max(ms[r], mt[r])
-            if mt[r] != mt[r] or ms[r] != ms[r]:  # as merge_state: a NaN max reaches the state
-                m_new = np.float32(np.nan)
-            if m_new == NEG_INF:
-                continue
-            a = vexp(ms[r] - m_new)
-            c = vexp(mt[r] - m_new)
-            ls[r] = a * ls[r] + c * lt[r]
-            ms[r] = m_new
-            fo[r] *= a
-            for w in range(u):
-                coef[w * R + r] *= a
-            coef[u * R + r] = c
-    for u in range(tg):
-        c0 = u * kv_tile
-        n = min(kv_tile, ng - c0)
-        for r in range(R):
-            f = coef[u * R + r]
-            base = np.uint64(r * ng + c0)
-            for j in range(np.uint64(n)):
-                ph[base + j] *= f
-    return nmax
-
-
-@device
-def scale_add_state(os, fo, ot, ms, R, Dv):
-    """os[r] = fo[r]*os[r] + ot[r] (the group merge of :func:`group_softmax`). Rows with no
-    allowed key so far (state max -inf) keep O = 0, as :func:`merge_state` leaves them: their P
-    row is 0, but 0 * a non-finite V value inside kv_len would be NaN."""
-    for r in range(R):
-        if ms[r] == NEG_INF:
-            continue
-        f = fo[r]
-        base = np.uint64(r * Dv)
-        for d in range(np.uint64(Dv)):
-            os[base + d] = f * os[base + d] + ot[base + d]
 
 
 @device
@@ -809,11 +739,6 @@ class kernel_context:
     def __exit__(self, *exc):
         self._stack.close()
         return False
-
-
-def gemm_group(kv_tile: int) -> int:
-    """KV tiles per BLAS call on the flash prefill path (at least one)."""
-    return max(1, GEMM_GROUP_KEYS // kv_tile)
 
 
 def fit_q_tile(tile_buffers, G, qt):

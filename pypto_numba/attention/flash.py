@@ -12,12 +12,6 @@ block are divided into ``num_splits`` contiguous ranges (``ceil(T / num_splits)`
 split writes its partial (m, l, O) to GM workspace and a combine kernel merges them with
 log-sum-exp weights ``exp(m_s - max m)``. ``num_splits=None`` picks ``cube_cores // blocks``.
 
-CPU execution of the prefill path (blocks of >= GEMM_MIN_ROWS rows, BLAS): the run tiles are taken
-``gemm_group(kv_tile)`` at a time (``GEMM_GROUP_KEYS`` = 512 keys), with one QK^T and one P@V
-call for the group; the softmax, the rounding of P and the (m, l) merge stay per tile, and the O
-merge is folded into P (``_common.group_softmax``). Counts are per NPU tile as below; only the
-order of fp32 additions differs from a tile-by-tile run.
-
 Traffic (b = itemsize, R rows, n valid keys of a run tile, state row (Dv + 2)*4 B)::
 
     1 kernel   read Q R*D*b per task + run tiles' K and V (n*(D+Dv)*b) [+ mask R*n*4];
@@ -50,7 +44,7 @@ LSE_ROW_OPS = 2  # log and add
 
 @kernel
 def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, mask, msb, msh,
-                  msi, msj, qt, kv_tile, n_split, gemm_rows, group, scratch, state, part_m, part_l, part_o):
+                  msi, msj, qt, kv_tile, n_split, gemm_rows, scratch, state, part_m, part_l, part_o):
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -76,25 +70,20 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
         qv = min(qt, Sq - i0)
         R = G * qv
         sc = scratch[numba.get_thread_id()]
-        kg = group * kv_tile  # keys per CPU step: ``group`` KV tiles on the GEMM path, else one
         o0 = Rmax * D
-        o1 = o0 + Rmax * kg
-        o2 = o1 + Rmax * kg
-        o3 = o2 + kg * Dm
+        o1 = o0 + Rmax * kv_tile
+        o2 = o1 + Rmax * kv_tile
+        o3 = o2 + kv_tile * Dm
         o4 = o3 + Rmax * Dv
         o5 = o4 + Rmax
-        o6 = o5 + Rmax
-        o7 = o6 + Rmax
         qf = sc[0:o0]
         s = sc[o0:o1]
         ph = sc[o1:o2]
         kf = sc[o2:o3]
         ot = sc[o3:o4]
         mt = sc[o4:o5]
-        lt = sc[o5:o6]
-        fo = sc[o6:o7]
-        res = sc[o7:o7 + C.RES_SLOTS]
-        coef = sc[o7 + C.RES_SLOTS:o7 + C.RES_SLOTS + group * Rmax]
+        lt = sc[o5:o5 + Rmax]
+        res = sc[o5 + Rmax:o5 + Rmax + C.RES_SLOTS]
         # the running state gets its own array (as slices of the tile scratch, the final read of
         # l was miscompiled: reordered before the merge's write, seen with numba 0.68)
         st = state[numba.get_thread_id()]
@@ -110,28 +99,19 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
         C.load_q_block(q, b, kvh, G, i0, qv, qf)
         gm_read += R * D * b_sz
         use_gemm = R >= gemm_rows
-        step = group if use_gemm else 1
-        for tg in range(t_lo, t_hi, step):
-            j0 = tg * kv_tile
-            ng = min(min(step, t_hi - tg) * kv_tile, Skv - j0)
-            C.tile_scores(qf, R, k, b, kvh, j0, ng, s, kf, use_gemm, res)
-            if use_gemm:  # the tiles of the step as one QK^T and one P@V (module docstring)
-                nmax = C.group_softmax(s, R, ng, kv_tile, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal,
-                                       scale, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, q, ms, ls, fo, coef)
-                C.tile_pv(ph, R, ng, v, b, kvh, j0, ot, kf, True, nmax)
-                C.scale_add_state(os, fo, ot, ms, R, Dv)
-            else:
-                nmax = C.tile_softmax(s, R, ng, ng, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                      has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
-                C.tile_pv(ph, R, ng, v, b, kvh, j0, ot, kf, False, nmax)
-                C.merge_state(ms, ls, os, mt, lt, ot, R, Dv)
-            for t in range(tg, tg + (ng + kv_tile - 1) // kv_tile):  # counted per NPU tile
-                n = min(kv_tile, Skv - t * kv_tile)
-                gm_read += n * D * b_sz + n * Dv * b_sz
-                if has_mask:
-                    gm_read += R * n * 4
-                vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, 0)
-                cube_flops += C.tile_cube_flops(R, n, D, Dv, 0)
+        for t in range(t_lo, t_hi):
+            j0 = t * kv_tile
+            n = min(kv_tile, Skv - j0)
+            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm, res)
+            nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+                                  has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
+            C.tile_pv(ph, R, n, v, b, kvh, j0, ot, kf, use_gemm, nmax)
+            C.merge_state(ms, ls, os, mt, lt, ot, R, Dv)
+            gm_read += n * D * b_sz + n * Dv * b_sz
+            if has_mask:
+                gm_read += R * n * 4
+            vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, 0)
+            cube_flops += C.tile_cube_flops(R, n, D, Dv, 0)
         if n_split == 1:
             C.write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
             gm_write += R * Dv * b_sz
@@ -215,9 +195,8 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
     return tasks, gm_read, gm_write, vector_ops, 0
 
 
-def scratch_elems(Rmax, D, Dv, kv_tile, group):
-    kg = group * kv_tile
-    return Rmax * D + 2 * Rmax * kg + kg * max(D, Dv) + Rmax * Dv + 3 * Rmax + C.RES_SLOTS + group * Rmax
+def scratch_elems(Rmax, D, Dv, kv_tile):
+    return Rmax * D + 2 * Rmax * kv_tile + kv_tile * max(D, Dv) + Rmax * Dv + 2 * Rmax + C.RES_SLOTS
 
 
 def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
@@ -357,6 +336,7 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         G = a.Hq // Hkv
         Rmax = G * qt
         blocks = a.B * Hkv * (-(-a.Sq // qt))
+        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt), np.float32)
         state = tile.scratch(Rmax * (a.Dv + 2), np.float32)
         ps = n_split if n_split > 1 else 1
         pb = blocks if n_split > 1 else 1
@@ -365,11 +345,9 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         part_o = np.empty((ps, pb, Rmax * a.Dv), np.float32)
         msb, msh, msi, msj = a.mask_strides
         with C.kernel_context(Rmax) as blas:
-            group = C.gemm_group(kvt) if Rmax >= blas.gemm_rows else 1
-            scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt, group), np.float32)
             counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal,
                                     a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, kvt,
-                                    n_split, blas.gemm_rows, group, scratch, state, part_m, part_l, part_o)
+                                    n_split, blas.gemm_rows, scratch, state, part_m, part_l, part_o)
         run.count(counted, workspace_bytes=p.kernels[len(p.kernels) - (2 if n_split > 1 else 1)].workspace_bytes)
         if n_split > 1:
             run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt))

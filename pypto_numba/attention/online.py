@@ -91,7 +91,7 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
             C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm, res)
-            nmax = C.tile_softmax(s, R, n, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+            nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                   has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
             C.tile_pv(ph, R, n, v, b, kvh, j0, ot, kf, use_gemm, nmax)
             if pv_mode == 1:
