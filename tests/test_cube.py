@@ -85,9 +85,10 @@ def test_walk_counts_formula():
 
 @pytest.mark.parametrize("dt", DTYPES)
 def test_skinny_and_blas_paths_agree(dt, rng):
-    # 13 rows: three 4-row register blocks and a single row; 41 weight rows: one 48-wide block
-    # of 20 weight-row pairs and a single row (gemv_rows' every branch), K = 300: kL1 tail
-    a, b, bias = make((13, 300), dt, rng), make((41, 300), dt, rng), make((41,), dt, rng)
+    # 13 rows: three 4-row register blocks and a single row; 43 weight rows: one 48-wide block
+    # of 10 groups of 4 weight rows, a pair and a single row (gemv_rows' every branch), K = 300:
+    # kL1 tail and a < 16-element rest
+    a, b, bias = make((13, 300), dt, rng), make((43, 300), dt, rng), make((43,), dt, rng)
     fast, cf, walk = _run(a, b, bias, skinny=False)
     loops, cl, _ = _run(a, b, bias, skinny=True)
     _check_close(loops, a, b, bias, dt)

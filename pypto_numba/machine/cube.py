@@ -52,7 +52,7 @@ CPU implementation (what makes it fast, none of it changes the NPU semantics abo
 - Skinny M (decode, ``M < SKINNY_M`` = 16 by default, fp32 from ``SKINNY_MIN_F32`` = 4 rows):
   hand-written loops instead of BLAS. Per
   kL1 step, every weight row of the block is streamed once against all rows of ``a`` in register
-  blocks of 4 rows of ``a`` x 2 weight rows (:func:`gemv_rows`; 16-bit weights widened on the
+  blocks of 4 rows of ``a`` x 4 weight rows (:func:`gemv_rows`; 16-bit weights widened on the
   fly), one fp32 partial sum per L0C value and kL1 step; same walk, same counts. BLAS's gemm with
   a tiny M packs each weight panel (read, write, read again) before using it: measured on the
   2-core test machine (K = N = 4096), M = 8 streamed the weight at 0.32x (fp32) and 0.49x (bf16)
@@ -391,51 +391,62 @@ def dot4x2(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
     return types.void(a, types.uint64, types.uint64, w, types.uint64, types.uint64, types.uint64, res), codegen
 
 
+def _dot4x4(lanes):
+    """The intrinsic ``dot4x4`` for vectors of ``lanes`` fp32 (see :func:`dot4x4`)."""
+
+    def dot(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
+        if not (_f32_array(a) and _storage_ok(w) and _f32_array(res)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            a_arr = context.make_array(sig.args[0])(context, builder, args[0])
+            w_arr = context.make_array(sig.args[3])(context, builder, args[3])
+            r_arr = context.make_array(sig.args[7])(context, builder, args[7])
+            vecs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
+                              args[6], 4, 4, lanes)
+            i32 = ir.IntType(32)
+            parts = lanes  # partial sums per accumulator in each vector (lanes // parts accumulators)
+            while parts > 1:
+                half = parts // 2
+                accs2 = 2 * (lanes // parts)  # accumulators in the concatenation of two vectors
+                lo_mask = [acc * parts + p for acc in range(accs2) for p in range(half)]
+                hi_mask = [acc * parts + half + p for acc in range(accs2) for p in range(half)]
+                nxt = []
+                for x, y in zip(vecs[0::2], vecs[1::2]):
+                    lo = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, lanes), lo_mask))
+                    hi = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, lanes), hi_mask))
+                    nxt.append(builder.fadd(lo, hi))
+                vecs = nxt
+                parts = half
+            for idx, vec in enumerate(vecs):  # 16 // lanes vectors of results, in order
+                ptr = builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), idx * lanes)])
+                builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        u64 = types.uint64
+        return types.void(a, u64, u64, w, u64, u64, u64, res), codegen
+
+    dot.__name__ = f"dot4x4_{lanes}"
+    return intrinsic(dot)
+
+
 # fp32 lanes of dot4x4's vectors. 256-bit: in cache as fast as 512-bit (19 ns per key at G=4,
 # D=128, against 40 for numba's 4x2 loop), and unlike 512-bit (0.92-0.95x) no slower than that
 # loop when K streams from DRAM (presumably AVX-512's lower core clock; measured on the 2-core Xeon)
 DOT4X4_LANES = 8
 
+dot4x4 = _dot4x4(DOT4X4_LANES)
+dot4x4.__doc__ = """``res[4*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i, j < 4
+and ``q < DOT4X4_LANES*nvec``: the QK^T register block of decode attention (4 query rows x 4 keys).
 
-@intrinsic
-def dot4x4(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
-    """``res[4*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i, j < 4 and
-    ``q < DOT4X4_LANES*nvec``: the QK^T register block of decode attention (4 query rows x 4 keys).
+16 vector accumulators (8 loads per 16 FMAs), reduced *together*: each step adds the low and high
+halves of two vectors' partial sums into one vector, so the 16 sums take a few shuffles each
+instead of a tree per accumulator, and the last vectors hold the results in order.
+"""
 
-    16 vector accumulators (8 loads per 16 FMAs), reduced *together*: each step adds the low and
-    high halves of two vectors' partial sums into one vector, so the 16 sums take a few shuffles
-    each instead of a tree per accumulator, and the last vectors hold the results in order.
-    """
-    if not (_f32_array(a) and _storage_ok(w) and _f32_array(res)):
-        return None
-    L = DOT4X4_LANES
-
-    def codegen(context, builder, sig, args):
-        a_arr = context.make_array(sig.args[0])(context, builder, args[0])
-        w_arr = context.make_array(sig.args[3])(context, builder, args[3])
-        r_arr = context.make_array(sig.args[7])(context, builder, args[7])
-        vecs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
-                          args[6], 4, 4, L)
-        i32 = ir.IntType(32)
-        parts = L  # partial sums per accumulator in each vector; accumulators per vector = L // parts
-        while parts > 1:
-            half = parts // 2
-            accs2 = 2 * (L // parts)  # accumulators in the concatenation of two vectors
-            lo_mask = [acc * parts + p for acc in range(accs2) for p in range(half)]
-            hi_mask = [acc * parts + half + p for acc in range(accs2) for p in range(half)]
-            nxt = []
-            for x, y in zip(vecs[0::2], vecs[1::2]):
-                lo = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, L), lo_mask))
-                hi = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, L), hi_mask))
-                nxt.append(builder.fadd(lo, hi))
-            vecs = nxt
-            parts = half
-        for idx, vec in enumerate(vecs):  # 16 // L vectors of L results each, in order
-            ptr = builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), idx * L)])
-            builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return types.void(a, types.uint64, types.uint64, w, types.uint64, types.uint64, types.uint64, res), codegen
+# the same block in 512-bit vectors (V16 lanes) for the linear decode step (gemv_rows), which
+# already runs 512-bit (dot4x2)
+dot4x4_v16 = _dot4x4(V16)
 
 
 @device(boundscheck=False)
@@ -443,12 +454,14 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
     """``c[i, j0+j] += sum_q a[abase + i*lda + q] * widen(w[wbase + j*ldw + q])``, i < m, j < n, q < k.
 
     The decode (skinny) step on flat views: ``a`` fp32 (rows of x), ``w`` the weight in its
-    storage dtype, widened on the fly (exact). Register blocks of 4 rows of ``a`` x 2 weight rows
-    (:func:`dot4x2`, 512-bit vectors, then the < 16-element rest): 8 independent fp32 sums with 6
-    loads (4 of ``a`` from L1, 2 of the weight from memory) per 8 FMAs, so each weight byte is
-    read from memory once and the loop stays memory-bound (1 weight row x 8 rows of ``a`` needs 9
-    loads per 8 FMAs). Rows of ``a`` and weight rows left over use plain loops. ``res``: 8 fp32
-    scratch slots. Every sum is serial within the task; uint64 indices (module docstring).
+    storage dtype, widened on the fly (exact). Register blocks of 4 rows of ``a`` x 4 weight rows
+    (:func:`dot4x4_v16`: 8 loads per 16 FMAs, and each row of ``a`` is re-read from L1/L2 once
+    per 4 weight rows), then 4 x 2 (:func:`dot4x2`: 6 loads per 8 FMAs) for a last pair, 512-bit
+    vectors, then the < 16-element rest in plain code. Rows of ``a`` and weight rows left over use
+    plain loops. With 8 rows of ``a`` (128 KiB at K = 4096, from L2) the 4 x 2 blocks alone ran at
+    ~11 GB/s of weight whether the weight came from DRAM or from cache: bound by the re-reads of
+    ``a``, not by memory. ``res``: 16 fp32 scratch slots. Every sum is serial within the task;
+    uint64 indices (module docstring).
     """
     ku = np.uint64(k)
     nv = ku // np.uint64(V16)
@@ -457,6 +470,31 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
     uw = np.uint64(ldw)
     ab = np.uint64(abase)
     j = 0
+    while j + 4 <= n:
+        w0 = np.uint64(wbase) + np.uint64(j) * uw
+        i = 0
+        while i + 4 <= m:
+            r0 = ab + np.uint64(i) * ua
+            dot4x4_v16(a, r0, ua, w, w0, uw, nv, res)
+            for ii in range(np.uint64(4)):
+                ri = r0 + ii * ua
+                for jj in range(np.uint64(4)):
+                    wj = w0 + jj * uw
+                    s = res[ii * np.uint64(4) + jj]
+                    for q in range(kv, ku):  # the rest of the row (< 16 elements)
+                        s += a[ri + q] * dtypes.widen(w[wj + q])
+                    c[i + ii, j0 + j + jj] += s
+            i += 4
+        while i < m:
+            ri = ab + np.uint64(i) * ua
+            for jj in range(np.uint64(4)):
+                wj = w0 + jj * uw
+                s = np.float32(0.0)
+                for q in range(ku):
+                    s += a[ri + q] * dtypes.widen(w[wj + q])
+                c[i, j0 + j + jj] += s
+            i += 1
+        j += 4
     while j + 2 <= n:
         w0 = np.uint64(wbase) + np.uint64(j) * uw
         w1 = w0 + uw
@@ -545,7 +583,7 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
 
     ``c`` [mL1, nL1] fp32 holds the block's L0C tiles; ``a_l1``/``b_l1`` fp32 L1 scratch for
     16-bit operands (fp32 operands are read in place); ``w_l0`` scratch for the skinny path
-    (the result slots of :func:`dot4x2`); ``slots`` the address of this thread's BLAS argument slots.
+    (the result slots of :func:`dot4x4_v16`); ``slots`` the address of this thread's BLAS argument slots.
     Returns (gm_read, gm_write, flops).
     """
     M, K = a.shape
@@ -573,7 +611,7 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
     if skinny:
         # Decode: same walk and counts, loops reordered for a CPU. The GM -> L1 moves of a are
         # counted per kL1 step as in the walk (16-bit: widened into an fp32 [mL1, K] scratch);
-        # then each pair of weight rows is streamed once over the whole of K (two sequential
+        # then each group of four weight rows is streamed once over the whole of K (sequential
         # streams the prefetchers follow, rather than kL1-sized pieces of 128 rows at a 16 KB
         # stride) against all rows of a (register blocks, see gemv_rows), each L0C value accumulating
         # one fp32 partial sum per kL1 step, in ascending k as in the walk. a ([mL1, K] fp32,
@@ -590,8 +628,8 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
                         src_a[di, ok + q] = dtypes.widen(a[ri, ok + q])
         ar0 = mb if f32 else 0
         bw = b.reshape(-1)  # the weight in its storage dtype, widened on the fly
-        for jb in range(0, vn, 2):  # a pair of weight rows, streamed over the whole of K
-            vj = min(2, vn - jb)
+        for jb in range(0, vn, 4):  # four weight rows, streamed over the whole of K
+            vj = min(4, vn - jb)
             for kk in range(0, K, k1):
                 vk1 = min(k1, K - kk)
                 gemv_rows(c, jb, vm, vj, af, ar0 * lda + kk, lda, bw, (nb + jb) * K + kk, K, vk1, wf)
@@ -771,7 +809,7 @@ def scratch(m1: int, k1: int, n1: int, k0: int, a_is_f32: bool, skinny: bool, th
         np.empty((nth, m1, n1), np.float32),  # L0C tiles of one block
         np.empty((nth, la, max(k, k1) if skinny else k1), np.float32),  # fp32 copy of a (16-bit only)
         np.empty((nth, lb, k1), np.float32),  # fp32 L1 copy of b (16-bit, not skinny)
-        np.empty((nth, 1, max(k0, 16)), np.float32),  # skinny: the 8 result slots of dot4x2
+        np.empty((nth, 1, max(k0, 16)), np.float32),  # skinny: the 16 result slots of dot4x4_v16
         slots,  # BLAS argument slots
     )
 
