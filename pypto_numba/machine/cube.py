@@ -358,6 +358,17 @@ def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols, l
     return [builder.load(acc) for acc in accs]
 
 
+def _dot_codegen(context, builder, sig, args, cols, lanes):
+    """The accumulators of a 4 x ``cols`` block for an intrinsic typed
+    ``(a, r0, lda, w, w0, ldw, nvec, res)``, and the ``res`` array they are stored to."""
+    a_arr = context.make_array(sig.args[0])(context, builder, args[0])
+    w_arr = context.make_array(sig.args[3])(context, builder, args[3])
+    r_arr = context.make_array(sig.args[7])(context, builder, args[7])
+    accs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
+                      args[6], 4, cols, lanes)
+    return accs, r_arr
+
+
 @intrinsic
 def dot4x2(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
     """``res[2*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i < 4, j < 2 and
@@ -371,11 +382,7 @@ def dot4x2(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
         return None
 
     def codegen(context, builder, sig, args):
-        a_arr = context.make_array(sig.args[0])(context, builder, args[0])
-        w_arr = context.make_array(sig.args[3])(context, builder, args[3])
-        r_arr = context.make_array(sig.args[7])(context, builder, args[7])
-        accs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
-                          args[6], 4, 2)
+        accs, r_arr = _dot_codegen(context, builder, sig, args, 2, V16)
         for k, v in enumerate(accs):  # tree reduction: 16 -> 8 -> 4 -> 2 -> 1 lanes
             width = V16
             while width > 1:
@@ -399,11 +406,7 @@ def _dot4x4(lanes):
             return None
 
         def codegen(context, builder, sig, args):
-            a_arr = context.make_array(sig.args[0])(context, builder, args[0])
-            w_arr = context.make_array(sig.args[3])(context, builder, args[3])
-            r_arr = context.make_array(sig.args[7])(context, builder, args[7])
-            vecs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
-                              args[6], 4, 4, lanes)
+            vecs, r_arr = _dot_codegen(context, builder, sig, args, 4, lanes)
             i32 = ir.IntType(32)
             parts = lanes  # partial sums per accumulator in each vector (lanes // parts accumulators)
             while parts > 1:
