@@ -177,7 +177,14 @@ def _collect(proc, what):
 
 @pytest.fixture(scope="module")
 def workers():
-    """The three subprocess runs, started together (they load the cached kernels in parallel)."""
+    """The three subprocess runs, started together once one run has put every kernel in the cache.
+
+    They must all run the same machine code: a parallel kernel numba compiles in the process and
+    the same kernel loaded from its cache can differ in the last bits of a float reduction that
+    LLVM vectorised (machine/jit.py), so children that compiled for themselves while others loaded
+    the cache would compare two compilations, not two thread counts.
+    """
+    _collect(_spawn("bits", 2), "warm-up")
     procs = {"bits1": _spawn("bits", 1), "bits2": _spawn("bits", 2), "threads": _spawn("threads", 2)}
     return {name: _collect(p, name) for name, p in procs.items()}
 

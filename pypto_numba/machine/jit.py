@@ -11,6 +11,16 @@ Float reductions are never done with ``prange`` reductions (their order would de
 thread count); each tile task reduces serially, so results are bit-identical for any number of
 threads. ``prange`` reductions are used only for the integer cost counters.
 
+One limit of that promise, measured with numba 0.68: a ``parallel=True`` kernel compiled in the
+running process and the same kernel loaded from the on-disk cache can differ in the last bits of a
+float sum that LLVM vectorised (``reassoc``) when the loop calls an inlined helper with its own
+fastmath flags or bit-cast intrinsics (``vmath.exp``, ``dtypes.f32_as_u32``): a prange kernel
+summing ``vmath.exp`` over rows gave one result fresh and another from the cache, every time;
+the same loop without ``parallel`` or without the helper gave one result. So a process that
+compiled a kernel may differ in the last bits from later processes that load it; from the first
+cache hit on, every run (any thread count) gives the same bits. ``tests/test_determinism.py``
+fills the cache before comparing processes.
+
 Numba rules measured while building the kernels (each cost 2-7x when broken):
 
 - index with unsigned offsets (``o = np.uint64(start); x[o + i]``) or loop over a slice: a signed
