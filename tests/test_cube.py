@@ -11,7 +11,7 @@ import numba
 import numpy as np
 import pytest
 
-from conftest import DTYPES, make
+from conftest import DTYPES, NP_DTYPE, make
 from pypto_numba.errors import ConstraintError, TileError
 from pypto_numba.machine import cube, dtypes
 from pypto_numba.machine.profile import load_profile
@@ -223,3 +223,53 @@ def test_dot4x4_register_block(dt, k, nvec, rng):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * max(1, used) ** 0.5)
     if nvec:
         assert np.abs(out).max() > 0.1
+
+
+@numba.njit(cache=True)
+def _outer_rows(c, c0, ldc, a, a0, lda, w, w0, ldw, m, ncols, k):
+    cube.outer_rows(c, c0, ldc, a, a0, lda, w, w0, ldw, m, ncols, k)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("m, ncols, k", [(11, 130, 150), (4, 64, 128), (5, 17, 1), (1, 67, 20), (3, 5, 9),
+                                         (6, 80, 0), (2, 0, 7)])
+def test_outer_rows_block(dt, m, ncols, k, rng):
+    """cube.outer_rows (the prefill attention GEMM blocks): C[m, ncols] = A[m, k] @ B[k, ncols] on
+    flat views with row strides and offsets, B widened exactly from every storage dtype; the
+    register blocks (4 x 64, 4 x 16, 1 x 64, 1 x 16) and the plain last columns all agree with
+    float64; nothing outside A[:, :k], B[:k, :ncols] is read (NaN there) and nothing outside
+    C[:, :ncols] is written."""
+    lda, ldw, ldc = k + 3, ncols + 5, ncols + 2
+    a0, w0, c0 = 7, 11, 4
+    a = np.full(a0 + m * lda + 3, np.nan, np.float32)
+    w = np.full(w0 + k * ldw + 5, np.nan, np.float32).astype(NP_DTYPE[dt])
+    c = np.full(c0 + m * ldc + 2, np.nan, np.float32)
+    A = rng.standard_normal((m, k)).astype(np.float32)
+    B = make((k, ncols), dt, rng)
+    for i in range(m):
+        a[a0 + i * lda:a0 + i * lda + k] = A[i]
+    for p in range(k):
+        w[w0 + p * ldw:w0 + p * ldw + ncols] = B[p]
+    _outer_rows(c, np.uint64(c0), np.uint64(ldc), a, np.uint64(a0), np.uint64(lda), dtypes.kernel_view(w),
+                np.uint64(w0), np.uint64(ldw), m, ncols, k)
+    got = np.stack([c[c0 + i * ldc:c0 + i * ldc + ncols] for i in range(m)]) if m else np.zeros((0, ncols))
+    ref = A.astype(np.float64) @ dtypes.to_float32(B).astype(np.float64)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * max(1, k) ** 0.5)
+    written = np.zeros(c.size, bool)
+    for i in range(m):
+        written[c0 + i * ldc:c0 + i * ldc + ncols] = True
+    assert np.isnan(c[~written]).all()
+    if k and ncols:
+        assert np.abs(got).max() > 0.1
+
+
+def test_outer_rows_exact_on_integers(rng):
+    """Integer-valued operands small enough that every partial sum is exact in fp32: the blocks
+    must give the exact product, bit for bit (a dropped or repeated term cannot hide)."""
+    m, k, n = 7, 133, 83  # k: three passes of OUTER_K, the last one partial
+    A = rng.integers(-8, 9, (m, k)).astype(np.float32)
+    B = rng.integers(-8, 9, (k, n)).astype(np.float32)
+    c = np.zeros(m * n, np.float32)
+    _outer_rows(c, np.uint64(0), np.uint64(n), A.reshape(-1), np.uint64(0), np.uint64(k), B.reshape(-1),
+                np.uint64(0), np.uint64(n), m, n, k)
+    np.testing.assert_array_equal(c.reshape(m, n), (A.astype(np.int64) @ B.astype(np.int64)).astype(np.float32))

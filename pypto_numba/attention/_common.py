@@ -23,12 +23,16 @@ after the mask) contributes ``m = -inf, l = 0, O = 0`` and the merge leaves the 
 Decode-shaped tiles (few rows) use hand-written loops that stream K and V once with the G rows
 reusing each K/V row from L1 (QK^T: blocks of 4 rows x 4 keys, :func:`machine.cube.dot4x4`, 16
 vector accumulators over D reduced together; PV: 4 rows x 4 keys per pass over the O rows), and
-prefetch the K/V rows ``PREFETCH_ROWS`` keys ahead
-(the NPU double-buffers its GM->L1 loads the same way); tiles with >= GEMM_MIN_ROWS rows (prefill)
-use ``np.dot`` on fp32
-tiles (SciPy's OpenBLAS, fp32 accumulation; bf16/fp16 tiles are widened exactly to fp32 first),
-with OpenBLAS held at one thread while a kernel runs (``kernel_context``: otherwise every
-np.dot inside prange spawns BLAS threads, measured 40x slower on 2 cores).
+prefetch the K/V rows ``PREFETCH_ROWS`` keys ahead (the NPU double-buffers its GM->L1 loads the
+same way). Tiles with >= GEMM_MIN_ROWS rows (prefill) use the outer-product register blocks of
+:func:`machine.cube.outer_rows` (mostly 6 rows x 64 columns in 24 fp32 vector accumulators):
+P @ V reads V as stored, Q K^T reads K packed transposed once per call (:func:`packed_keys`,
+shared by all query tiles of a head). Every score and output element is one chain of fp32 FMAs
+in ascending order of its reduction index, so the bits do not depend on the thread count (and
+came out equal to OpenBLAS's on the benchmark shapes). These blocks replaced OpenBLAS ``np.dot``
+per tile, which re-packed both operands on every 64 x 128 x 128 call and had to be pinned to one
+thread inside ``prange``: causal flash prefill (fp32, H=8, S=4096, D=128, 2 threads) went from
+0.54-0.56x to 0.70-0.82x of torch SDPA.
 
 Default query tiles (``attention_q_tile`` / ``flash_q_tile`` rows of the [G*q_tile, D] block) are
 halved until the tile buffers fit UB and the cube budgets (``fit_q_tile``); an explicit ``q_tile``
@@ -37,26 +41,24 @@ that does not fit raises TileError.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 
 import numpy as np
-from numba import types
-from numba.extending import overload
+from numba import prange
 
 from .. import inputs
 from ..errors import ConstraintError, DTypeError, ShapeError, TileError
 from ..machine import cube, dtypes
 from ..machine.tile import prefetch_row
-from ..machine.jit import device
+from ..machine.jit import device, kernel
 from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
 from ..machine.plan import Buffer, align_elems, align_up, cube_tiles
 
 GQA_MODES = ("head_loop", "expand_clone")
 PV_MODES = ("storage", "compensated", "fp32")
 PV_CODE = {"storage": 0, "compensated": 1, "fp32": 2}
-GEMM_MIN_ROWS = 16  # tiles with at least this many rows use np.dot (BLAS) for QK^T and PV
+GEMM_MIN_ROWS = 16  # tiles with at least this many rows (prefill) use cube.outer_rows for QK^T and PV
 PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
 RES_SLOTS = 16  # fp32 scratch slots per thread for the results of cube.dot4x4 (tile_scores)
 NEG_INF = np.float32(-np.inf)
@@ -70,34 +72,6 @@ MERGE_ROW_OPS = 8
 MERGE_ELEM_OPS = 3
 # per output row: divide by l and cast (per element)
 FINAL_ELEM_OPS = 2
-
-
-# ---------------------------------------------------------------------------------------------
-# fp32 views of storage tiles (dispatched on the kernel-view dtype at compile time)
-
-
-def f32_tile(a, b, h, j0, n, scratch):
-    """``a[b, h, j0:j0+n, :]`` as a C-contiguous float32 [n, D] array (view for fp32, else widened)."""
-    raise NotImplementedError  # numba only
-
-
-@overload(f32_tile)
-def _f32_tile_impl(a, b, h, j0, n, scratch):
-    if not isinstance(a, types.Array):
-        return None
-    if a.dtype == types.float32:
-        def impl(a, b, h, j0, n, scratch):
-            return a[b, h, j0:j0 + n]
-        return impl
-
-    def impl(a, b, h, j0, n, scratch):
-        d = a.shape[3]
-        t = scratch[: n * d].reshape((n, d))
-        for j in range(n):
-            for c in range(d):
-                t[j, c] = dtypes.widen(a[b, h, j0 + j, c])
-        return t
-    return impl
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,13 +96,18 @@ def load_q_block(q, b, kvh, G, i0, qv, qf):
 
 
 @device
-def tile_scores(qf, R, k, b, h, j0, n, s, kf, use_gemm, res):
+def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
     """s[r*n + j] = sum_d qf[r, d] * k[b, h, j0 + j, d] in fp32 (R rows, n keys); ``res``: 16 fp32
-    scratch slots (the results of :func:`cube.dot4x4`)."""
+    scratch slots (the results of :func:`cube.dot4x4`).
+
+    ``use_gemm`` (prefill): the outer-product blocks of :func:`cube.outer_rows` against ``kt``,
+    the keys packed transposed by :func:`packed_keys` in tiles of ``ktw`` keys (``j0`` a multiple
+    of ``ktw``); each score is summed over d in ascending order.
+    """
     D = k.shape[3]
     if use_gemm:
-        kt = f32_tile(k, b, h, j0, n, kf)
-        np.dot(qf[: R * D].reshape((R, D)), kt.T, s[: R * n].reshape((R, n)))
+        tile = (b * k.shape[1] + h) * ((k.shape[2] + ktw - 1) // ktw) + j0 // ktw  # packed tile index
+        cube.outer_rows(s, 0, n, qf, 0, D, kt, np.uint64(tile) * np.uint64(D * ktw), ktw, R, n, D)
         return
     # decode: blocks of 4 query rows x 4 keys (cube.dot4x4, the 16 sums reduced together) over the
     # first whole vectors of D, the rest in plain code; leftover keys and rows below
@@ -195,25 +174,19 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kf, use_gemm, res):
 
 
 @device
-def tile_pv(p, R, n, v, b, h, j0, o, vf, use_gemm, nmax):
+def tile_pv(p, R, n, v, b, h, j0, o, use_gemm, nmax):
     """o[r*Dv + c] = sum_{j < n} p[r*n + j] * v[b, h, j0 + j, c] in fp32 (overwrites o).
 
     ``nmax``: keys past it have p = 0 in every row (allowed prefix), so the loops stop there.
+    ``use_gemm`` (prefill): the outer-product blocks of :func:`cube.outer_rows`, V read as stored
+    (each output summed over the keys in ascending order).
     """
     Dv = v.shape[3]
     if use_gemm:
         # only the nmax keys some row may attend: V past kv_len may hold anything (a cache slot
-        # never written), and 0 * inf would be NaN. Pack p[:, :nmax] in place (rows move down).
-        if nmax == 0:
-            for i in range(R * Dv):
-                o[i] = np.float32(0.0)
-            return
-        if nmax < n:
-            for r in range(R):
-                for j in range(nmax):
-                    p[r * nmax + j] = p[r * n + j]
-        vt = f32_tile(v, b, h, j0, nmax, vf)
-        np.dot(p[: R * nmax].reshape((R, nmax)), vt, o[: R * Dv].reshape((R, Dv)))
+        # never written), and 0 * inf would be NaN
+        row = (b * v.shape[1] + h) * v.shape[2] + j0  # flat row of v[b, h, j0]
+        cube.outer_rows(o, 0, Dv, p, 0, n, v, np.uint64(row) * np.uint64(Dv), Dv, R, Dv, nmax)
         return
     for i in range(R * Dv):
         o[i] = np.float32(0.0)
@@ -708,37 +681,47 @@ def merge_cube(*groups):
 
 
 # ---------------------------------------------------------------------------------------------
-# running a kernel: SciPy's OpenBLAS on one thread (np.dot inside prange; otherwise every call
-# spawns BLAS threads: measured 40x slower on 2 cores) and dynamic task hand-out (tile tasks take
-# 0.1-10 ms; with the static split a call waits for whichever thread the OS parks)
+# prefill: K packed transposed (CPU layout for the outer-product blocks)
 
 
-class kernel_context:
-    """``with kernel_context(rows) as ctx: kernel(..., ctx.gemm_rows, ...)`` (machine/cube.py helpers).
+@kernel(boundscheck=False)
+def _pack_keys_kernel(k, width, kt):
+    B, H, S, D = k.shape
+    nt = (S + width - 1) // width
+    uw = np.uint64(width)
+    for task in prange(B * H * nt):
+        bh = task // nt
+        t = task - bh * nt
+        b = bh // H
+        h = bh - b * H
+        j0 = t * width
+        n = min(width, S - j0)
+        base = np.uint64(task) * np.uint64(D) * uw
+        for j in range(np.uint64(n)):
+            ja = np.uint64(j0) + j
+            for d in range(np.uint64(D)):
+                kt[base + d * uw + j] = dtypes.widen(k[np.uint64(b), np.uint64(h), ja, d])
+    return 0
 
-    ``gemm_rows``: GEMM_MIN_ROWS when SciPy's OpenBLAS can be held at one thread, else "never"
-    (hand-written loops only). ``rows``: the most rows a tile of the call can have; below
-    GEMM_MIN_ROWS no tile calls BLAS, so OpenBLAS is left alone (pinning it costs ~10 us a call,
-    a visible share of a short decode step).
+
+def packed_keys(k, width: int, rows: int):
+    """K transposed per KV tile for the prefill blocks of :func:`tile_scores`: flat fp32
+    ``[B*Hkv*ceil(Skv/width), D, width]`` (tile t of head (b, h) holds ``k[b, h, t*width + j, d]``
+    at ``[d, j]``), widened exactly from 16-bit storage. ``rows``: the most rows a tile of the
+    call has; below GEMM_MIN_ROWS (decode) no tile uses it and an empty array is returned.
+
+    A CPU layout, not NPU traffic (the cube reads K^T from L1 without a copy): it is built once
+    per call and shared by every query tile of a head, so the blocks of the Q K^T GEMM need no
+    horizontal sums and no per-tile transposes.
     """
-
-    def __init__(self, rows: int = GEMM_MIN_ROWS):
-        self.rows = rows
-
-    def __enter__(self):
-        from ..machine import cube
-
-        self._stack = contextlib.ExitStack()
-        uses_blas = self.rows >= GEMM_MIN_ROWS and cube.blas_available()
-        if uses_blas:
-            self._stack.enter_context(cube.single_thread_blas())
-        self._stack.enter_context(cube.dynamic_tasks(1))
-        self.gemm_rows = GEMM_MIN_ROWS if uses_blas else 1 << 62
-        return self
-
-    def __exit__(self, *exc):
-        self._stack.close()
-        return False
+    if rows < GEMM_MIN_ROWS:
+        return np.empty(0, np.float32)
+    B, H, S, D = k.shape
+    nt = -(-S // width)
+    kt = np.empty(B * H * nt * D * width, np.float32)
+    with cube.dynamic_tasks(1):
+        _pack_keys_kernel(k, width, kt)
+    return kt
 
 
 def fit_q_tile(tile_buffers, G, qt):

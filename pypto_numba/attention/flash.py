@@ -29,7 +29,7 @@ from numba import prange
 
 from .. import inputs
 from ..errors import ConstraintError
-from ..machine import dtypes, tile
+from ..machine import cube, dtypes, tile
 from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
@@ -44,7 +44,7 @@ LSE_ROW_OPS = 2  # log and add
 
 @kernel
 def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, mask, msb, msh,
-                  msi, msj, qt, kv_tile, n_split, gemm_rows, scratch, state, part_m, part_l, part_o):
+                  msi, msj, qt, kv_tile, n_split, kt, scratch, state, part_m, part_l, part_o):
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -52,7 +52,6 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
     G = Hq // Hkv
     nq = (Sq + qt - 1) // qt
     Rmax = G * min(qt, Sq)
-    Dm = max(D, Dv)
     b_sz = q.itemsize
     tasks = 0
     gm_read = 0
@@ -73,14 +72,12 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
         o0 = Rmax * D
         o1 = o0 + Rmax * kv_tile
         o2 = o1 + Rmax * kv_tile
-        o3 = o2 + kv_tile * Dm
-        o4 = o3 + Rmax * Dv
+        o4 = o2 + Rmax * Dv
         o5 = o4 + Rmax
         qf = sc[0:o0]
         s = sc[o0:o1]
         ph = sc[o1:o2]
-        kf = sc[o2:o3]
-        ot = sc[o3:o4]
+        ot = sc[o2:o4]
         mt = sc[o4:o5]
         lt = sc[o5:o5 + Rmax]
         res = sc[o5 + Rmax:o5 + Rmax + C.RES_SLOTS]
@@ -98,14 +95,14 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
         C.reset_state(ms, ls, os, R, Dv)
         C.load_q_block(q, b, kvh, G, i0, qv, qf)
         gm_read += R * D * b_sz
-        use_gemm = R >= gemm_rows
+        use_gemm = R >= C.GEMM_MIN_ROWS
         for t in range(t_lo, t_hi):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
-            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm, res)
+            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
             nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                   has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
-            C.tile_pv(ph, R, n, v, b, kvh, j0, ot, kf, use_gemm, nmax)
+            C.tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
             C.merge_state(ms, ls, os, mt, lt, ot, R, Dv)
             gm_read += n * D * b_sz + n * Dv * b_sz
             if has_mask:
@@ -196,7 +193,7 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
 
 
 def scratch_elems(Rmax, D, Dv, kv_tile):
-    return Rmax * D + 2 * Rmax * kv_tile + kv_tile * max(D, Dv) + Rmax * Dv + 2 * Rmax + C.RES_SLOTS
+    return Rmax * D + 2 * Rmax * kv_tile + Rmax * Dv + 2 * Rmax + C.RES_SLOTS
 
 
 def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
@@ -344,10 +341,11 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         part_l = np.empty((ps, pb, Rmax), np.float32)
         part_o = np.empty((ps, pb, Rmax * a.Dv), np.float32)
         msb, msh, msi, msj = a.mask_strides
-        with C.kernel_context(Rmax) as blas:
+        kt = C.packed_keys(kk, kvt, Rmax)
+        with cube.dynamic_tasks(1):
             counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal,
                                     a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, kvt,
-                                    n_split, blas.gemm_rows, scratch, state, part_m, part_l, part_o)
+                                    n_split, kt, scratch, state, part_m, part_l, part_o)
         run.count(counted, workspace_bytes=p.kernels[len(p.kernels) - (2 if n_split > 1 else 1)].workspace_bytes)
         if n_split > 1:
             run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt))

@@ -26,7 +26,7 @@ import numpy as np
 from numba import prange
 
 from .. import inputs
-from ..machine import dtypes, tile
+from ..machine import cube, dtypes, tile
 from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
@@ -37,7 +37,7 @@ from . import _common as C
 
 @kernel
 def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj,
-                   qt, kv_tile, pv_mode, gemm_rows, scratch, ws_m, ws_l, ws_o):
+                   qt, kv_tile, pv_mode, kt, scratch, ws_m, ws_l, ws_o):
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -46,7 +46,6 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
     nq = (Sq + qt - 1) // qt
     n_t = (Skv + kv_tile - 1) // kv_tile
     Rmax = G * min(qt, Sq)
-    Dm = max(D, Dv)
     b_sz = q.itemsize
     state_row = (Dv + 2) * 4
     tasks = 0
@@ -67,16 +66,14 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
         o1 = o0 + Rmax * kv_tile
         o2 = o1 + Rmax * kv_tile
         o3 = o2 + Rmax * kv_tile
-        o4 = o3 + kv_tile * Dm
-        o5 = o4 + Rmax * Dv
+        o5 = o3 + Rmax * Dv
         o6 = o5 + Rmax * Dv
         o7 = o6 + Rmax
         qf = sc[0:o0]
         s = sc[o0:o1]
         ph = sc[o1:o2]
         pl = sc[o2:o3]
-        kf = sc[o3:o4]
-        ot = sc[o4:o5]
+        ot = sc[o3:o5]
         ot2 = sc[o5:o6]
         mt = sc[o6:o7]
         lt = sc[o7:o7 + Rmax]
@@ -86,16 +83,16 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
         os = ws_o[task]
         C.load_q_block(q, b, kvh, G, i0, qv, qf)
         gm_read += R * D * b_sz
-        use_gemm = R >= gemm_rows
+        use_gemm = R >= C.GEMM_MIN_ROWS
         for t in range(n_t):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
-            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, use_gemm, res)
+            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
             nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                   has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
-            C.tile_pv(ph, R, n, v, b, kvh, j0, ot, kf, use_gemm, nmax)
+            C.tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
             if pv_mode == 1:
-                C.tile_pv(pl, R, n, v, b, kvh, j0, ot2, kf, use_gemm, nmax)
+                C.tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)
                 for i in range(R * Dv):
                     ot[i] += ot2[i]
             gm_read += n * D * b_sz + n * Dv * b_sz
@@ -122,7 +119,7 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
 
 
 def scratch_elems(Rmax, D, Dv, kv_tile):
-    return Rmax * D + 3 * Rmax * kv_tile + kv_tile * max(D, Dv) + 2 * Rmax * Dv + 2 * Rmax + C.RES_SLOTS
+    return Rmax * D + 3 * Rmax * kv_tile + 2 * Rmax * Dv + 2 * Rmax + C.RES_SLOTS
 
 
 @memo_plan
@@ -227,10 +224,11 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
         ws_l = np.empty((tasks, Rmax), np.float32)
         ws_o = np.empty((tasks, Rmax * a.Dv), np.float32)
         msb, msh, msi, msj = a.mask_strides
-        with C.kernel_context(Rmax) as blas:
+        kt = C.packed_keys(kk, kvt, Rmax)
+        with cube.dynamic_tasks(1):
             counted = _online_kernel(a.q.kview, kk, vk, out_k, a.kv_len, a.causal, a.scale,
                                      a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, kvt,
-                                     C.PV_CODE[p.params["pv"]], blas.gemm_rows, scratch,
+                                     C.PV_CODE[p.params["pv"]], kt, scratch,
                                      ws_m, ws_l, ws_o)
         run.count(counted, workspace_bytes=p.kernels[-1].workspace_bytes)
         run.workspace(a.copied_bytes)

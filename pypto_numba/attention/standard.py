@@ -24,7 +24,7 @@ from numba import prange
 
 from .. import inputs
 from ..errors import ConstraintError, TileError
-from ..machine import dtypes, tile
+from ..machine import cube, dtypes, tile
 from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan
@@ -38,7 +38,7 @@ Q_ROWS = 128  # rows of the [G*qt, D] block per cube step (qt = Q_ROWS // G quer
 
 
 @kernel
-def _scores_kernel(q, k, s_ws, qt, gemm_rows, scratch):
+def _scores_kernel(q, k, s_ws, qt, kt, scratch):
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -58,8 +58,7 @@ def _scores_kernel(q, k, s_ws, qt, gemm_rows, scratch):
         o1 = o0 + Rmax * CHUNK
         qf = sc[0:o0]
         s = sc[o0:o1]
-        kf = sc[o1:o1 + CHUNK * D]
-        res = sc[o1 + CHUNK * D:o1 + CHUNK * D + C.RES_SLOTS]
+        res = sc[o1:o1 + C.RES_SLOTS]
         for qi in range(nq):
             i0 = qi * qt
             qv = min(qt, Sq - i0)
@@ -68,7 +67,7 @@ def _scores_kernel(q, k, s_ws, qt, gemm_rows, scratch):
             gm_read += R * D * b_sz
             for j0 in range(0, Skv, CHUNK):
                 n = min(CHUNK, Skv - j0)
-                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kf, R >= gemm_rows, res)
+                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, CHUNK, R >= C.GEMM_MIN_ROWS, res)
                 for r in range(R):
                     g = r // qv
                     ii = r - g * qv
@@ -134,7 +133,7 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
 
 
 @kernel
-def _pv_kernel(p_ws, v, out, kv_len, causal, qt, gemm_rows, scratch):
+def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch):
     B, Hq, Sq, Skv = p_ws.shape
     Hkv = v.shape[1]
     Dv = v.shape[3]
@@ -157,8 +156,7 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, gemm_rows, scratch):
         pf = sc[0:o0]
         ot = sc[o0:o1]
         acc = sc[o1:o2]
-        vf = sc[o2:o2 + CHUNK * Dv]
-        live = sc[o2 + CHUNK * Dv:o2 + CHUNK * Dv + Rmax]  # 1 where the row's P has a nonzero
+        live = sc[o2:o2 + Rmax]  # 1 where the row's P has a nonzero
         for qi in range(nq):
             i0 = qi * qt
             qv = min(qt, Sq - i0)
@@ -180,7 +178,7 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, gemm_rows, scratch):
                         pf[r * n + j] = dtypes.widen(p_ws[b, kvh * G + g, i0 + ii, j0 + j])
                         if pf[r * n + j] != 0:
                             live[r] = np.float32(1.0)
-                C.tile_pv(pf, R, n, v, b, kvh, j0, ot, vf, R >= gemm_rows, max(0, min(n, lim - j0)))
+                C.tile_pv(pf, R, n, v, b, kvh, j0, ot, R >= C.GEMM_MIN_ROWS, max(0, min(n, lim - j0)))
                 for i in range(R * Dv):
                     acc[i] += ot[i]  # L0C accumulation across K steps (fp32)
                 gm_read += R * n * b_sz + n * Dv * b_sz
@@ -276,15 +274,16 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
         Rmax = G * qt
         s_ws = np.empty((a.B, a.Hq, a.Sq, a.Skv), np.float32)
         _, p_ws = dtypes.empty((a.B, a.Hq, a.Sq, a.Skv), a.dtype)
-        sc1 = tile.scratch(Rmax * a.D + Rmax * CHUNK + CHUNK * a.D + C.RES_SLOTS, np.float32)
-        with C.kernel_context(Rmax) as blas:
-            run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, blas.gemm_rows, sc1),
+        sc1 = tile.scratch(Rmax * a.D + Rmax * CHUNK + C.RES_SLOTS, np.float32)
+        kt = C.packed_keys(kk, CHUNK, Rmax)
+        with cube.dynamic_tasks(1):
+            run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, kt, sc1),
                       workspace_bytes=s_ws.nbytes)
         msb, msh, msi, msj = a.mask_strides
         run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.scale, a.has_mask,
                                   a.mask_flat, msb, msh, msi, msj), workspace_bytes=p_ws.nbytes)
-        sc3 = tile.scratch(Rmax * CHUNK + 2 * Rmax * a.Dv + CHUNK * a.Dv + Rmax, np.float32)
-        with C.kernel_context(Rmax) as blas:
-            run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, blas.gemm_rows, sc3))
+        sc3 = tile.scratch(Rmax * CHUNK + 2 * Rmax * a.Dv + Rmax, np.float32)
+        with cube.dynamic_tasks(1):
+            run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, sc3))
         run.workspace(a.copied_bytes)
     return out

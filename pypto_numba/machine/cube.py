@@ -67,6 +67,10 @@ CPU implementation (what makes it fast, none of it changes the NPU semantics abo
   loops also take no array views (each view bumps the parent's reference count atomically, and
   two threads doing so per row fight over one cache line).
 
+- Register blocks for callers outside the walk: :func:`dot4x4` / :func:`dot4x2` (dot-product
+  form, decode) and :func:`outer_rows` (outer-product form, 6 x 64 blocks: attention prefill,
+  where a 64 x 128 x 128 tile is too small for BLAS to amortise its operand packing).
+
 A block with several L0C tiles (``mL1 > mL0`` or ``nL1 > nL0``) keeps all of them live across its
 kL1 steps; the plan's L0C rule (npu-facts 4.3) is per L0C tile, as in PyPTO. The default linear
 tiles have ``mL1 == mL0`` and ``nL1 == nL0``: one L0C tile per task.
@@ -111,6 +115,7 @@ __all__ = [
     "load_l1",
     "mma_blas",
     "epilogue",
+    "outer_rows",
 ]
 
 SKINNY_M = 16
@@ -450,6 +455,144 @@ instead of a tree per accumulator, and the last vectors hold the results in orde
 # the same block in 512-bit vectors (V16 lanes) for the linear decode step (gemv_rows), which
 # already runs 512-bit (dot4x2)
 dot4x4_v16 = _dot4x4(V16)
+
+
+def _outer(rows, vecs, lanes=V16):
+    """The intrinsic ``outer{rows}x{vecs*lanes}`` (see :func:`outer4x64`)."""
+
+    def outer(typingctx, c, c0, ldc, a, a0, lda, w, w0, ldw, k, acc):
+        if not (_f32_array(c) and _f32_array(a) and _storage_ok(w)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            c_arr = context.make_array(sig.args[0])(context, builder, args[0])
+            a_arr = context.make_array(sig.args[3])(context, builder, args[3])
+            w_arr = context.make_array(sig.args[6])(context, builder, args[6])
+            c0_, ldc_, a0_, lda_ = args[1], args[2], args[4], args[5]
+            w0_, ldw_, k_ = args[7], args[8], args[9]
+            f32 = ir.FloatType()
+            i64 = ir.IntType(64)
+            vf = ir.VectorType(f32, lanes)
+            zero = ir.Constant(vf, [0.0] * lanes)
+            splat = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+            cptrs = []
+            for i in range(rows):
+                crow = builder.add(c0_, builder.mul(ldc_, ir.Constant(i64, i)))
+                for v in range(vecs):
+                    ptr = builder.gep(c_arr.data, [builder.add(crow, ir.Constant(i64, v * lanes))])
+                    cptrs.append(builder.bitcast(ptr, vf.as_pointer()))
+            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(rows * vecs)]
+            with builder.if_then(builder.icmp_unsigned("!=", args[10], ir.Constant(i64, 0))):
+                for acc_, ptr in zip(accs, cptrs):  # continue the sums already in c
+                    builder.store(builder.load(ptr, align=4), acc_)
+            arows = [builder.add(a0_, builder.mul(lda_, ir.Constant(i64, i))) for i in range(rows)]
+            with cgutils.for_range(builder, k_) as loop:
+                p = loop.index
+                wrow = builder.add(w0_, builder.mul(ldw_, p))
+                ws = [_vload_widen(builder, w_arr.data, builder.add(wrow, ir.Constant(i64, v * lanes)),
+                                   w.dtype, lanes) for v in range(vecs)]
+                for i in range(rows):
+                    x = builder.load(builder.gep(a_arr.data, [builder.add(arows[i], p)]))
+                    xv = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+                    xv = builder.shuffle_vector(xv, xv, splat)
+                    for v in range(vecs):
+                        acc = accs[vecs * i + v]
+                        builder.store(_fma(builder, builder.load(acc), xv, ws[v]), acc)
+            for acc_, ptr in zip(accs, cptrs):
+                builder.store(builder.load(acc_), ptr, align=4)
+            return context.get_dummy_value()
+
+        u64 = types.uint64
+        return types.void(c, u64, u64, a, u64, u64, w, u64, u64, u64, u64), codegen
+
+    outer.__name__ = f"outer{rows}x{vecs * lanes}"
+    return intrinsic(outer)
+
+
+OUTER_COLS = 4 * V16
+"""Columns of the widest outer-product block (:func:`outer4x64`)."""
+OUTER_K = 64
+"""Terms per pass of :func:`outer_rows` over a column panel (see there)."""
+
+outer4x64 = _outer(4, 4)
+outer4x64.__doc__ = """``c[c0 + i*ldc + col] = sum_{p < k} a[a0 + i*lda + p] * widen(w[w0 + p*ldw + col])`` for
+``i < 4`` and ``col < 64``, the sum in ascending p (one fp32 FMA per term), started from 0 or,
+with ``acc != 0``, from the values in ``c`` (continuing an earlier chunk of p): a register block of
+the GEMM ``C = A B`` in outer-product form, with B's rows contiguous (prefill attention: P @ V
+with V as stored, and Q K^T against K packed transposed).
+
+16 vector accumulators (512-bit) stay in registers for the whole of k; per p, 4 loads of B and
+4 broadcasts of A feed 16 FMAs. :func:`outer_rows` runs mostly ``outer6x64`` (24 accumulators,
+29 of the 32 vector registers of AVX-512; 1.17x the 4-row block on 64 x 128 x 128 in cache),
+then this block, ``outer1x64`` for the last rows and ``outer4x16`` / ``outer1x16`` for 16-column
+tails; the < 16 last columns are the caller's.
+"""
+outer6x64 = _outer(6, 4)
+outer1x64 = _outer(1, 4)
+outer4x16 = _outer(4, 1)
+outer1x16 = _outer(1, 1)
+
+
+@device(boundscheck=False)
+def outer_rows(c, c0, ldc, a, a0, lda, w, w0, ldw, m, ncols, k):
+    """``c[c0 + i*ldc + col] = sum_{p < k} a[a0 + i*lda + p] * widen(w[w0 + p*ldw + col])`` for
+    i < m, col < ncols: the outer-product blocks above over any m, ncols and k (flat offsets into
+    C-contiguous arrays; ``c`` and ``a`` 1-D fp32, ``w`` any rank in a storage dtype), the columns
+    past the last whole 16 in plain loops; every element is one FMA chain in ascending p."""
+    uc = np.uint64(ldc)
+    ua = np.uint64(lda)
+    uw = np.uint64(ldw)
+    uk = np.uint64(k)
+    n64 = np.uint64(ncols - ncols % OUTER_COLS)
+    n16 = np.uint64(ncols - ncols % V16)
+    un = np.uint64(ncols)
+    # Column panels outside, rows inside, and k in chunks of OUTER_K: the panel of B (OUTER_K x 64
+    # fp32, 16 KiB) stays in L1 while every row block of A passes over it. A chunk after the
+    # first continues the sums stored in c, so each is still one FMA chain in ascending p.
+    # (A whole 128-row panel with a 512-byte row stride -- K^T tiles of 128 keys, V rows at
+    # D = 128 -- maps to half of L1's sets and was evicted between row blocks: 62 vs 115
+    # GFLOP/s for 64 x 128 x 128 in cache, one core.)
+    for kk in range(0, max(k, 1), OUTER_K):
+        kc = np.uint64(min(OUTER_K, k - kk))
+        more = np.uint64(1 if kk > 0 else 0)
+        ak = np.uint64(a0) + np.uint64(kk)
+        wk = np.uint64(w0) + np.uint64(kk) * uw
+        for col in range(np.uint64(0), n64, np.uint64(OUTER_COLS)):
+            i = 0
+            while i + 6 <= m:
+                outer6x64(c, np.uint64(c0) + np.uint64(i) * uc + col, uc, a, ak + np.uint64(i) * ua, ua,
+                          w, wk + col, uw, kc, more)
+                i += 6
+            if i + 4 <= m:
+                outer4x64(c, np.uint64(c0) + np.uint64(i) * uc + col, uc, a, ak + np.uint64(i) * ua, ua,
+                          w, wk + col, uw, kc, more)
+                i += 4
+            while i < m:
+                outer1x64(c, np.uint64(c0) + np.uint64(i) * uc + col, uc, a, ak + np.uint64(i) * ua, ua,
+                          w, wk + col, uw, kc, more)
+                i += 1
+        for col in range(n64, n16, np.uint64(V16)):
+            i = 0
+            while i + 4 <= m:
+                outer4x16(c, np.uint64(c0) + np.uint64(i) * uc + col, uc, a, ak + np.uint64(i) * ua, ua,
+                          w, wk + col, uw, kc, more)
+                i += 4
+            while i < m:
+                outer1x16(c, np.uint64(c0) + np.uint64(i) * uc + col, uc, a, ak + np.uint64(i) * ua, ua,
+                          w, wk + col, uw, kc, more)
+                i += 1
+    if n16 < un:
+        wf = w.reshape(-1)  # w may be an array of any rank (flat offsets)
+        for i in range(np.uint64(m)):
+            ci = np.uint64(c0) + i * uc
+            ai = np.uint64(a0) + i * ua
+            for col in range(n16, un):
+                c[ci + col] = np.float32(0.0)
+            for p in range(uk):
+                x = a[ai + p]
+                wp = np.uint64(w0) + p * uw
+                for col in range(n16, un):
+                    c[ci + col] += x * dtypes.widen(wf[wp + col])
 
 
 @device(boundscheck=False)
