@@ -247,3 +247,34 @@ def test_loops_vectorise(name):
     assert re.search(r"<(8|16) x float>", ir)
     calls = re.findall(r"call [^\n]*", ir)
     assert not [c for c in calls if "machine5vmath" in c], calls  # fully inlined
+
+
+@kernel
+def k_rowmax(s, bases, counts, out):
+    for i in prange(out.size):
+        out[i] = V.rowmax(s, np.uint64(bases[i]), counts[i])
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 15, 16, 17, 33, 128, 131])
+def test_rowmax_is_the_max_of_its_range(n):
+    """rowmax over s[base:base+n] equals NumPy's max for every length around the 16-lane vectors,
+    at aligned and unaligned bases; larger values just outside the range are not read; NaN is
+    skipped; an empty or all-NaN range gives -inf."""
+    rng = np.random.default_rng(n)
+    s = np.full(400, 1e30, np.float32)  # outside every range: must never win
+    bases = np.array([8, 51, 200], np.int64)
+    for b in bases:
+        s[b:b + n] = rng.standard_normal(n).astype(np.float32) * 100
+    if n >= 3:
+        s[bases[1] + 1] = np.nan
+        s[bases[2] + n - 1] = np.nan  # in the scalar tail when n % 16 != 0
+    counts = np.full(3, n, np.int64)
+    out = np.empty(3, np.float32)
+    k_rowmax(s, bases, counts, out)
+    for b, got in zip(bases, out):
+        seg = s[b:b + n]
+        want = np.nanmax(seg) if n and not np.isnan(seg).all() else -np.inf
+        assert got == want, (n, b, got, want)
+    nan_row = np.full(40, np.nan, np.float32)
+    k_rowmax(nan_row, np.zeros(1, np.int64), np.array([37]), out[:1])
+    assert out[0] == -np.inf

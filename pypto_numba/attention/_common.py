@@ -53,6 +53,7 @@ from ..machine import cube, dtypes
 from ..machine.tile import prefetch_row
 from ..machine.jit import device, kernel
 from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
+from ..machine.vmath import rowmax as vrowmax  # the vector unit's row max (skips NaN)
 from ..machine.plan import Buffer, align_elems, align_up, cube_tiles
 
 GQA_MODES = ("head_loop", "expand_clone")
@@ -271,52 +272,6 @@ def allowed_keys(b, i, Sq, Skv, kv_len, causal):
 
 
 @device
-def row_max(s, base, c):
-    """max of s[base:base+c] (``base`` uint64) (-inf for c == 0) with 8 independent partial maxima.
-
-    A single running max is a serial compare/select chain that LLVM does not vectorise without
-    the ``nnan`` flag (which pypto_numba never uses); 8 chains keep the pipeline busy.
-    """
-    m0 = NEG_INF
-    m1 = NEG_INF
-    m2 = NEG_INF
-    m3 = NEG_INF
-    m4 = NEG_INF
-    m5 = NEG_INF
-    m6 = NEG_INF
-    m7 = NEG_INF
-    c8 = np.uint64(c - c % 8)
-    u = np.uint64(1)
-    for jj in range(np.uint64(0), c8, np.uint64(8)):
-        j = base + jj
-        m0 = s[j] if s[j] > m0 else m0
-        j += u
-        m1 = s[j] if s[j] > m1 else m1
-        j += u
-        m2 = s[j] if s[j] > m2 else m2
-        j += u
-        m3 = s[j] if s[j] > m3 else m3
-        j += u
-        m4 = s[j] if s[j] > m4 else m4
-        j += u
-        m5 = s[j] if s[j] > m5 else m5
-        j += u
-        m6 = s[j] if s[j] > m6 else m6
-        j += u
-        m7 = s[j] if s[j] > m7 else m7
-    for jj in range(c8, np.uint64(c)):
-        j = base + jj
-        m0 = s[j] if s[j] > m0 else m0
-    m0 = m1 if m1 > m0 else m0
-    m2 = m3 if m3 > m2 else m2
-    m4 = m5 if m5 > m4 else m4
-    m6 = m7 if m7 > m6 else m6
-    m0 = m2 if m2 > m0 else m0
-    m4 = m6 if m6 > m4 else m4
-    return m4 if m4 > m0 else m0
-
-
-@device
 def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                  has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, like):
     """Scale, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype.
@@ -340,7 +295,7 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
         else:
             for j in range(uc):
                 s[base + j] = s[base + j] * scale
-        m = row_max(s, base, c)
+        m = vrowmax(s, base, c)
         total = np.float32(0.0)
         if m == NEG_INF:  # all allowed scores -inf, or NaN (the max skips NaN): NaN propagates
             for j in range(uc):
