@@ -14,6 +14,7 @@ import pytest
 from numba import prange
 from scipy import special
 
+from pypto_numba.machine import dtypes
 from pypto_numba.machine import vmath as V
 from pypto_numba.machine.jit import kernel
 
@@ -278,3 +279,50 @@ def test_rowmax_is_the_max_of_its_range(n):
     nan_row = np.full(40, np.nan, np.float32)
     k_rowmax(nan_row, np.zeros(1, np.int64), np.array([37]), out[:1])
     assert out[0] == -np.inf
+
+
+@kernel
+def k_softmax_exp(s, m, p, like, totals, rows, width):
+    for r in prange(rows):
+        totals[r] = V.softmax_exp(s, np.uint64(r * width), width - r % 19, m, p, like)
+
+
+@kernel
+def k_exp_rounded(s, m, p, like):
+    for i in prange(s.size):
+        p[i] = dtypes.round_as(like, V.exp(s[i] - m))
+
+
+@pytest.mark.parametrize("like", [np.float32, np.uint16, np.int16], ids=["fp32", "bf16", "fp16"])
+def test_softmax_exp_matches_exp_and_rounds_like_storage(like):
+    """softmax_exp (16-lane IR) writes exactly round_as(like, exp(s - m)) -- the scalar exp of this
+    module, bit for bit, for fp32, bf16 and fp16 rounding -- on rows whose lengths cover the vector
+    body and the scalar tail (width - r % 19), including -inf, NaN, 0 and subnormal results;
+    leaves p past each row's length untouched; returns the row's sum of unrounded exps (float64
+    check) and 0 for an empty row."""
+    rng = np.random.default_rng(7)
+    rows, width = 40, 131
+    s = rng.uniform(-110.0, 3.0, rows * width).astype(np.float32)
+    s[::97] = -np.inf
+    s[5::389] = np.nan
+    s[7::211] = 0.0
+    m = np.float32(3.0)
+    like_arr = np.zeros(1, like)
+    p = np.full(rows * width, 7.0, np.float32)
+    totals = np.empty(rows, np.float32)
+    k_softmax_exp(s, m, p, like_arr, totals, rows, width)
+    want = np.empty_like(p)
+    k_exp_rounded(s, m, want, like_arr)
+    for r in range(rows):
+        c = width - r % 19
+        row, got = s[r * width:r * width + width], p[r * width:r * width + width]
+        np.testing.assert_array_equal(got[:c], want[r * width:r * width + c])
+        assert (got[c:] == 7.0).all()
+        exact = np.exp(row[:c].astype(np.float64) - float(m))
+        if np.isnan(exact).any():
+            assert np.isnan(totals[r])
+        else:
+            assert abs(totals[r] - exact.sum()) <= 1e-6 * exact.sum() + 1e-30, (r, totals[r], exact.sum())
+    one = np.empty(1, np.float32)
+    k_softmax_exp(s, m, p, like_arr, one, 1, 0)
+    assert one[0] == 0.0

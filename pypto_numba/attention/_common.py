@@ -54,6 +54,7 @@ from ..machine.tile import prefetch_row
 from ..machine.jit import device, kernel
 from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
 from ..machine.vmath import rowmax as vrowmax  # the vector unit's row max (skips NaN)
+from ..machine.vmath import softmax_exp as vsoftmax_exp  # exp(s - m) -> P, and its sum
 from ..machine.plan import Buffer, align_elems, align_up, cube_tiles
 
 GQA_MODES = ("head_loop", "expand_clone")
@@ -305,23 +306,17 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
         if m == NEG_INF:  # no allowed key in this tile (or all -inf through the mask)
             c = 0
             uc = np.uint64(0)
-        elif pv_mode == 2:
+        elif pv_mode == 2:  # P in fp32 (s is a float32 array: no rounding)
+            total = vsoftmax_exp(s, base, c, m, ph, s)
+        elif pv_mode == 1:  # compensated: P_hi + P_lo, both in the storage dtype
+            total = vsoftmax_exp(s, base, c, m, ph, s)
             for j in range(uc):
-                e = vexp(s[base + j] - m)
-                total += e
-                ph[base + j] = e
-        elif pv_mode == 1:
-            for j in range(uc):
-                e = vexp(s[base + j] - m)
-                total += e
+                e = ph[base + j]
                 hi = dtypes.round_as(like, e)
                 ph[base + j] = hi
                 pl[base + j] = dtypes.round_as(like, e - hi)
         else:
-            for j in range(uc):
-                e = vexp(s[base + j] - m)
-                total += e
-                ph[base + j] = dtypes.round_as(like, e)
+            total = vsoftmax_exp(s, base, c, m, ph, like)
         for j in range(uc, np.uint64(n)):
             ph[base + j] = np.float32(0.0)
         if pv_mode == 1:

@@ -82,7 +82,7 @@ from numba.extending import intrinsic
 from pypto_numba.machine.dtypes import f32_as_u32, u32_as_f32
 from pypto_numba.machine.jit import device
 
-__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "VMATH_FASTMATH"]
+__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "VMATH_FASTMATH"]
 
 VMATH_FASTMATH = frozenset({"contract"})
 """Fast-math flags of the vmath functions (see the module docstring for why not FASTMATH)."""
@@ -288,3 +288,132 @@ def rowmax(typingctx, s, base, c):
         return builder.load(acc)
 
     return types.float32(s, types.uint64, c), codegen
+
+
+# ---- softmax_exp -------------------------------------------------------------------------------
+
+
+def _const(vty, value):
+    return ir.Constant(vty, [value] * vty.count)
+
+
+def _exp_ir(builder, x):
+    """:func:`exp` on a ``<L x float>`` vector, the same operations in the same order (the
+    multiply-adds fused where numba's ``contract`` flag fuses them in :func:`exp`)."""
+    vf = x.type
+    vi = ir.VectorType(ir.IntType(32), vf.count)
+    flags = ("contract",)
+    fl = lambda v: _const(vf, float(v))  # noqa: E731  (float32 constants, exact as float64)
+    mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
+    add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
+    sub = lambda a, b: builder.fsub(a, b, flags=flags)  # noqa: E731
+    floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]), f"llvm.floor.v{vf.count}f32")
+    xc = builder.select(builder.fcmp_ordered(">", x, fl(_EXP_LO)), x, fl(_EXP_LO))
+    xc = builder.select(builder.fcmp_ordered("<", xc, fl(_EXP_HI)), xc, fl(_EXP_HI))
+    n = builder.call(floor, [add(mul(xc, fl(_LOG2E)), fl(_HALF))])
+    r = sub(xc, mul(n, fl(_LN2_HI)))
+    r = sub(r, mul(n, fl(_LN2_LO)))
+    poly = add(fl(_EXP_C3), mul(r, fl(_EXP_C4)))
+    poly = add(fl(_EXP_C2), mul(r, poly))
+    poly = add(fl(_EXP_C1), mul(r, poly))
+    poly = add(fl(_EXP_C0), mul(r, poly))
+    p = add(fl(_ONE), add(r, mul(mul(r, r), poly)))
+    n1 = builder.call(floor, [mul(n, fl(_HALF))])
+
+    def pow2(v):
+        bits = builder.shl(builder.fptosi(add(v, fl(127.0)), vi), _const(vi, 23))
+        return builder.bitcast(bits, vf)
+
+    y = mul(mul(p, pow2(n1)), pow2(sub(n, n1)))
+    return builder.select(builder.fcmp_ordered("==", x, x), y, x)
+
+
+def _round_ir(builder, e, like):
+    """``dtypes.round_as`` on a ``<L x float>`` vector for ``like``'s kernel dtype."""
+    vf = e.type
+    L = vf.count
+    if like == types.float32:
+        return e
+    if like == types.int16:  # fp16: IEEE round to nearest even (subnormals too), back exactly
+        half = builder.fptrunc(e, ir.VectorType(ir.HalfType(), L))
+        return builder.fpext(half, vf)
+    vi = ir.VectorType(ir.IntType(32), L)
+    k = lambda v: _const(vi, v)  # noqa: E731
+    b = builder.bitcast(e, vi)
+    lsb = builder.and_(builder.lshr(b, k(16)), k(1))
+    rounded = builder.and_(builder.add(builder.add(b, k(0x7FFF)), lsb), k(0xFFFF0000))
+    qnan = builder.or_(builder.and_(b, k(0x80000000)), k(0x7FC00000))
+    is_nan = builder.icmp_unsigned(">", builder.and_(b, k(0x7FFFFFFF)), k(0x7F800000))
+    return builder.bitcast(builder.select(is_nan, qnan, rounded), vf)
+
+
+_EXP_LANES = 16
+
+
+@intrinsic
+def softmax_exp(typingctx, s, base, c, m, p, like):
+    """``p[base + j] = round_as(like, exp(s[base + j] - m))`` for ``j < c``; returns the float32 sum
+    of the unrounded exps (the ``l`` of a softmax row).
+
+    :func:`exp` in 512-bit vectors (LLVM's vectoriser picks 256-bit on this CPU, and a softmax
+    tile spent most of its time there), the sum in 16 lane partial sums folded in halves at the
+    end, then the < 16 last elements one at a time (a fixed order: the bits do not depend on
+    how the loop was compiled). ``like``: an array whose kernel dtype (float32, uint16 = bf16,
+    int16 = fp16) gives the rounding of p; ``s`` and ``p`` flat float32 (may be the same array).
+    """
+    ok = all(isinstance(a, types.Array) and a.dtype == types.float32 for a in (s, p))
+    if not (ok and isinstance(like, types.Array) and like.dtype in (types.float32, types.uint16, types.int16)
+            and isinstance(c, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s_arr = context.make_array(sig.args[0])(context, builder, args[0])
+        p_arr = context.make_array(sig.args[4])(context, builder, args[4])
+        i64 = ir.IntType(64)
+        f32 = ir.FloatType()
+        b0 = args[1]
+        cnt = context.cast(builder, args[2], sig.args[2], types.int64)
+        cnt = builder.select(builder.icmp_signed("<", cnt, ir.Constant(i64, 0)), ir.Constant(i64, 0), cnt)
+        mval = context.cast(builder, args[3], sig.args[3], types.float32)
+        like_t = sig.args[5].dtype
+
+        def one_step(lanes, off, total):
+            vf = ir.VectorType(f32, lanes)
+            if lanes == 1:
+                x = builder.load(builder.gep(s_arr.data, [off]))
+                xm = builder.fsub(x, mval)
+                xv = builder.insert_element(ir.Constant(ir.VectorType(f32, 1), ir.Undefined), xm,
+                                            ir.Constant(ir.IntType(32), 0))
+            else:
+                sp = builder.bitcast(builder.gep(s_arr.data, [off]), vf.as_pointer())
+                mv = builder.insert_element(ir.Constant(vf, ir.Undefined), mval, ir.Constant(ir.IntType(32), 0))
+                mv = builder.shuffle_vector(mv, mv, ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+                xv = builder.fsub(builder.load(sp, align=4), mv)
+            e = _exp_ir(builder, xv)
+            r = _round_ir(builder, e, like_t)
+            pp = builder.bitcast(builder.gep(p_arr.data, [off]), vf.as_pointer())
+            builder.store(r, pp, align=4)
+            return builder.fadd(total, e)
+
+        vf = ir.VectorType(f32, _EXP_LANES)
+        vsum = cgutils.alloca_once_value(builder, _const(vf, 0.0))
+        nvec = builder.udiv(cnt, ir.Constant(i64, _EXP_LANES))
+        with cgutils.for_range(builder, nvec) as loop:
+            off = builder.add(b0, builder.mul(loop.index, ir.Constant(i64, _EXP_LANES)))
+            builder.store(one_step(_EXP_LANES, off, builder.load(vsum)), vsum)
+        v = builder.load(vsum)
+        width = _EXP_LANES
+        while width > 1:
+            width //= 2
+            i32v = ir.VectorType(ir.IntType(32), width)
+            lo = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width))))
+            hi = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width, 2 * width))))
+            v = builder.fadd(lo, hi)
+        acc = cgutils.alloca_once_value(builder, v)  # <1 x float>
+        done = builder.mul(nvec, ir.Constant(i64, _EXP_LANES))
+        with cgutils.for_range(builder, builder.sub(cnt, done)) as loop:
+            off = builder.add(b0, builder.add(done, loop.index))
+            builder.store(one_step(1, off, builder.load(acc)), acc)
+        return builder.extract_element(builder.load(acc), ir.Constant(ir.IntType(32), 0))
+
+    return types.float32(s, types.uint64, c, types.float32, p, like), codegen
