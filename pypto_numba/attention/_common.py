@@ -31,8 +31,10 @@ shared by all query tiles of a head). Every score and output element is one chai
 in ascending order of its reduction index, so the bits do not depend on the thread count (and
 came out equal to OpenBLAS's on the benchmark shapes). These blocks replaced OpenBLAS ``np.dot``
 per tile, which re-packed both operands on every 64 x 128 x 128 call and had to be pinned to one
-thread inside ``prange``: causal flash prefill (fp32, H=8, S=4096, D=128, 2 threads) went from
-0.54-0.56x to 0.70-0.82x of torch SDPA.
+thread inside ``prange``. The tile softmax uses the 16-lane :func:`machine.vmath.rowmax` and
+:func:`machine.vmath.softmax_exp`. Per 64 x 128 tile (D = 128, one core, in cache): Q K^T 13, P V
+13-16, softmax 8 (was 12.5), merge 2 us. Causal flash prefill (fp32, H=8, S=4096, D=128, 2
+threads) went from 0.54-0.56x to 0.84-0.85x of torch SDPA.
 
 Default query tiles (``attention_q_tile`` / ``flash_q_tile`` rows of the [G*q_tile, D] block) are
 halved until the tile buffers fit UB and the cube budgets (``fit_q_tile``); an explicit ``q_tile``
