@@ -1,5 +1,7 @@
-"""The vector unit's transcendental functions (float32 exp, tanh, erf, sigmoid, rsqrt) and its
-row max (``rowmax``, the reduction of a softmax).
+"""The vector unit's transcendental functions (float32 exp, tanh, erf, sigmoid, rsqrt), and the two
+softmax row steps in explicit 16-lane vectors: ``rowmax`` and ``softmax_exp`` (exp, rounding of P
+and the row sum; bit-equal to ``exp`` + ``dtypes.round_as``, which ``tests/test_vmath.py`` checks,
+so the vector copies of the exp formula and of the bf16/fp16 rounding cannot drift apart).
 
 What
 ----
