@@ -244,6 +244,25 @@ def _max_step(builder, x, m):
     return builder.select(builder.fcmp_ordered(">", x, m), x, m)
 
 
+def _count(context, builder, val, ty):
+    """An element count argument as i64, negative counts as 0."""
+    i64 = ir.IntType(64)
+    cnt = context.cast(builder, val, ty, types.int64)
+    return builder.select(builder.icmp_signed("<", cnt, ir.Constant(i64, 0)), ir.Constant(i64, 0), cnt)
+
+
+def _fold_halves(builder, v, combine):
+    """Fold a ``<L x float>`` vector in halves, ``combine(low, high)`` lane-wise, down to ``<1 x float>``."""
+    width = v.type.count
+    while width > 1:
+        width //= 2
+        i32v = ir.VectorType(ir.IntType(32), width)
+        lo = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width, 2 * width))))
+        v = combine(lo, hi)
+    return v
+
+
 @intrinsic
 def rowmax(typingctx, s, base, c):
     """float32 max of ``s[base : base + c]`` (flat float32 array), ``-inf`` for ``c == 0``.
@@ -265,8 +284,7 @@ def rowmax(typingctx, s, base, c):
         f32 = ir.FloatType()
         vf = ir.VectorType(f32, _MAX_LANES)
         b0 = args[1]
-        cnt = context.cast(builder, args[2], sig.args[2], types.int64)
-        cnt = builder.select(builder.icmp_signed("<", cnt, ir.Constant(i64, 0)), ir.Constant(i64, 0), cnt)
+        cnt = _count(context, builder, args[2], sig.args[2])
         ninf = float("-inf")
         vacc = cgutils.alloca_once_value(builder, ir.Constant(vf, [ninf] * _MAX_LANES))
         nvec = builder.udiv(cnt, ir.Constant(i64, _MAX_LANES))
@@ -274,14 +292,7 @@ def rowmax(typingctx, s, base, c):
             off = builder.add(b0, builder.mul(loop.index, ir.Constant(i64, _MAX_LANES)))
             ptr = builder.bitcast(builder.gep(arr.data, [off]), vf.as_pointer())
             builder.store(_max_step(builder, builder.load(ptr, align=4), builder.load(vacc)), vacc)
-        v = builder.load(vacc)
-        width = _MAX_LANES
-        while width > 1:
-            width //= 2
-            i32v = ir.VectorType(ir.IntType(32), width)
-            lo = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width))))
-            hi = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width, 2 * width))))
-            v = _max_step(builder, hi, lo)
+        v = _fold_halves(builder, builder.load(vacc), lambda lo, hi: _max_step(builder, hi, lo))
         acc = cgutils.alloca_once_value(builder, builder.extract_element(v, ir.Constant(ir.IntType(32), 0)))
         done = builder.mul(nvec, ir.Constant(i64, _MAX_LANES))
         with cgutils.for_range(builder, builder.sub(cnt, done)) as loop:
@@ -374,8 +385,7 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
         i64 = ir.IntType(64)
         f32 = ir.FloatType()
         b0 = args[1]
-        cnt = context.cast(builder, args[2], sig.args[2], types.int64)
-        cnt = builder.select(builder.icmp_signed("<", cnt, ir.Constant(i64, 0)), ir.Constant(i64, 0), cnt)
+        cnt = _count(context, builder, args[2], sig.args[2])
         mval = context.cast(builder, args[3], sig.args[3], types.float32)
         like_t = sig.args[5].dtype
 
@@ -403,14 +413,7 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
         with cgutils.for_range(builder, nvec) as loop:
             off = builder.add(b0, builder.mul(loop.index, ir.Constant(i64, _EXP_LANES)))
             builder.store(one_step(_EXP_LANES, off, builder.load(vsum)), vsum)
-        v = builder.load(vsum)
-        width = _EXP_LANES
-        while width > 1:
-            width //= 2
-            i32v = ir.VectorType(ir.IntType(32), width)
-            lo = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width))))
-            hi = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width, 2 * width))))
-            v = builder.fadd(lo, hi)
+        v = _fold_halves(builder, builder.load(vsum), builder.fadd)
         acc = cgutils.alloca_once_value(builder, v)  # <1 x float>
         done = builder.mul(nvec, ir.Constant(i64, _EXP_LANES))
         with cgutils.for_range(builder, builder.sub(cnt, done)) as loop:
