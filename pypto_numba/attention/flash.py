@@ -1,6 +1,7 @@
 """attention.flash: the fused kernel: query tiles x KV tiles, state on-chip, masked tiles skipped.
 
-One tile task per (batch, KV head, query tile[, KV split]); the [R = G*qv, D] query block (G
+One tile task per (batch, KV head, query tile[, KV split]) (on the CPU, prefill tasks walk
+``Q_GROUP`` query tiles of a KV head together); the [R = G*qv, D] query block (G
 heads of the KV head, qv query positions) walks its KV tiles with the running max/sum/output kept
 on-chip (UB), so no state traffic reaches GM. Tiles that are fully masked for every row of the
 block are not run: with ``kv_len`` and bottom-right ``causal`` the allowed keys of a row are a
@@ -30,13 +31,20 @@ from numba import prange
 from .. import inputs
 from ..errors import ConstraintError
 from ..machine import cube, dtypes, tile
-from ..machine.jit import kernel
+from ..machine.jit import device, kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
 from ..strategy import Launch, register
 from . import _common as C
 
+# Prefill on the CPU: one prange task walks Q_GROUP consecutive query tiles of a (batch, KV head)
+# through the KV tiles together, so each K^T / V tile is read from L3 once per group and reused
+# from L2 by the other query tiles. Each query tile keeps its own Q block and state and runs
+# exactly the steps of a task of its own, in the same order: the grouping changes neither bits
+# nor counts, only the CPU's loop order. Causal prefill (fp32, H=8, S=4096, D=128): 1.14-1.18x
+# faster than one query tile per task with 2 threads, 1.03-1.08x with 1 (the two cores share L3).
+Q_GROUP = 4
 COMBINE_ROW_OPS = 3  # per row and split: max, sub, exp of the weight
 COMBINE_ELEM_OPS = 2  # per output element and split: w*O_s and the add
 LSE_ROW_OPS = 2  # log and add
@@ -44,13 +52,16 @@ LSE_ROW_OPS = 2  # log and add
 
 @kernel
 def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, mask, msb, msh,
-                  msi, msj, qt, kv_tile, n_split, kt, scratch, state, part_m, part_l, part_o):
+                  msi, msj, qt, qg, kv_tile, n_split, kt, scratch, state, part_m, part_l, part_o):
+    """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head[, split])
+    through their KV tiles together (see :data:`Q_GROUP`); each query tile is its own NPU task."""
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
     Dv = v.shape[3]
     G = Hq // Hkv
     nq = (Sq + qt - 1) // qt
+    ng = (nq + qg - 1) // qg
     Rmax = G * min(qt, Sq)
     b_sz = q.itemsize
     tasks = 0
@@ -58,77 +69,107 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
     gm_write = 0
     vector_ops = 0
     cube_flops = 0
-    for task in prange(B * Hkv * nq * n_split):
-        sp = task // (B * Hkv * nq)  # split-major: the tasks of one split are contiguous
-        blk = task - sp * (B * Hkv * nq)
-        b = blk // (Hkv * nq)
-        rem = blk - b * (Hkv * nq)
-        kvh = rem // nq
-        qi = rem - kvh * nq
-        i0 = qi * qt
-        qv = min(qt, Sq - i0)
-        R = G * qv
+    for it in prange(B * Hkv * ng * n_split):
+        sp = it // (B * Hkv * ng)  # split-major: the tasks of one split are contiguous
+        grp = it - sp * (B * Hkv * ng)
+        b = grp // (Hkv * ng)
+        rem = grp - b * (Hkv * ng)
+        kvh = rem // ng
+        q_lo = (rem - kvh * ng) * qg
+        members = min(qg, nq - q_lo)
         sc = scratch[numba.get_thread_id()]
-        o0 = Rmax * D
-        o1 = o0 + Rmax * kv_tile
+        oq = qg * Rmax * D  # the members' Q blocks, then the tile buffers they share
+        o1 = oq + Rmax * kv_tile
         o2 = o1 + Rmax * kv_tile
         o4 = o2 + Rmax * Dv
         o5 = o4 + Rmax
-        qf = sc[0:o0]
-        s = sc[o0:o1]
+        s = sc[oq:o1]
         ph = sc[o1:o2]
         ot = sc[o2:o4]
         mt = sc[o4:o5]
         lt = sc[o5:o5 + Rmax]
         res = sc[o5 + Rmax:o5 + Rmax + C.RES_SLOTS]
-        # the running state gets its own array (as slices of the tile scratch, the final read of
-        # l was miscompiled: reordered before the merge's write, seen with numba 0.68)
+        # the running states get their own array (as slices of the tile scratch, the final read
+        # of l was miscompiled: reordered before the merge's write, seen with numba 0.68)
         st = state[numba.get_thread_id()]
-        ms = st[0:Rmax]
-        ls = st[Rmax:2 * Rmax]
-        os = st[2 * Rmax:2 * Rmax + Rmax * Dv]
-        limit = C.allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
-        T = (limit + kv_tile - 1) // kv_tile
-        per = (T + n_split - 1) // n_split
-        t_lo = min(sp * per, T)
-        t_hi = min(t_lo + per, T)
-        C.reset_state(ms, ls, os, R, Dv)
-        C.load_q_block(q, b, kvh, G, i0, qv, qf)
-        gm_read += R * D * b_sz
-        use_gemm = R >= C.GEMM_MIN_ROWS
-        for t in range(t_lo, t_hi):
+        sw = Rmax * (Dv + 2)  # one member's state: m, l, O
+        t_first = 1 << 62
+        t_last = 0
+        for u in range(members):
+            i0 = (q_lo + u) * qt
+            qv = min(qt, Sq - i0)
+            R = G * qv
+            lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp)
+            t_first = min(t_first, lo)
+            t_last = max(t_last, hi)
+            m0 = u * sw
+            C.reset_state(st[m0:m0 + Rmax], st[m0 + Rmax:m0 + 2 * Rmax], st[m0 + 2 * Rmax:m0 + sw], R, Dv)
+            C.load_q_block(q, b, kvh, G, i0, qv, sc[u * Rmax * D:(u + 1) * Rmax * D])
+            gm_read += R * D * b_sz
+        for t in range(t_first, t_last):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
-            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
-            nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                  has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
-            C.tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
-            C.merge_state(ms, ls, os, mt, lt, ot, R, Dv)
-            gm_read += n * D * b_sz + n * Dv * b_sz
-            if has_mask:
-                gm_read += R * n * 4
-            vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, 0)
-            cube_flops += C.tile_cube_flops(R, n, D, Dv, 0)
-        if n_split == 1:
-            C.write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
-            gm_write += R * Dv * b_sz
-            vector_ops += R * Dv * C.FINAL_ELEM_OPS
-            if want_lse:
-                C.write_lse(ms, ls, R, lse, b, kvh, G, i0, qv)
-                gm_write += R * 4
-                vector_ops += R * LSE_ROW_OPS
-        else:
-            pm = part_m[sp, blk]
-            pl = part_l[sp, blk]
-            po = part_o[sp, blk]
-            for r in range(R):
-                pm[r] = ms[r]
-                pl[r] = ls[r]
-            for i in range(R * Dv):
-                po[i] = os[i]
-            gm_write += R * (Dv + 2) * 4
-        tasks += 1
+            for u in range(members):
+                i0 = (q_lo + u) * qt
+                qv = min(qt, Sq - i0)
+                R = G * qv
+                lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp)
+                if t < lo or t >= hi:
+                    continue
+                use_gemm = R >= C.GEMM_MIN_ROWS
+                m0 = u * sw
+                C.tile_scores(sc[u * Rmax * D:(u + 1) * Rmax * D], R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
+                nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+                                      has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
+                C.tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
+                C.merge_state(st[m0:m0 + Rmax], st[m0 + Rmax:m0 + 2 * Rmax], st[m0 + 2 * Rmax:m0 + sw],
+                              mt, lt, ot, R, Dv)
+                gm_read += n * D * b_sz + n * Dv * b_sz
+                if has_mask:
+                    gm_read += R * n * 4
+                vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, 0)
+                cube_flops += C.tile_cube_flops(R, n, D, Dv, 0)
+        for u in range(members):
+            qi = q_lo + u
+            i0 = qi * qt
+            qv = min(qt, Sq - i0)
+            R = G * qv
+            m0 = u * sw
+            ms = st[m0:m0 + Rmax]
+            ls = st[m0 + Rmax:m0 + 2 * Rmax]
+            os = st[m0 + 2 * Rmax:m0 + sw]
+            if n_split == 1:
+                C.write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
+                gm_write += R * Dv * b_sz
+                vector_ops += R * Dv * C.FINAL_ELEM_OPS
+                if want_lse:
+                    C.write_lse(ms, ls, R, lse, b, kvh, G, i0, qv)
+                    gm_write += R * 4
+                    vector_ops += R * LSE_ROW_OPS
+            else:
+                blk = (b * Hkv + kvh) * nq + qi
+                pm = part_m[sp, blk]
+                pl = part_l[sp, blk]
+                po = part_o[sp, blk]
+                for r in range(R):
+                    pm[r] = ms[r]
+                    pl[r] = ls[r]
+                for i in range(R * Dv):
+                    po[i] = os[i]
+                gm_write += R * (Dv + 2) * 4
+            tasks += 1
     return tasks, gm_read, gm_write, vector_ops, cube_flops
+
+
+@device
+def _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp):
+    """KV tiles [lo, hi) that split ``sp`` of the query tile at ``i0`` (``qv`` rows) runs: its
+    ``T`` unmasked tiles (an allowed prefix) cut into ``n_split`` ranges of ``ceil(T/n_split)``."""
+    limit = C.allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
+    T = (limit + kv_tile - 1) // kv_tile
+    per = (T + n_split - 1) // n_split
+    lo = min(sp * per, T)
+    return lo, min(lo + per, T)
 
 
 # The combine is a separate NPU kernel (counted as one), but on the CPU it runs on the calling
@@ -192,8 +233,19 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
     return tasks, gm_read, gm_write, vector_ops, 0
 
 
-def scratch_elems(Rmax, D, Dv, kv_tile):
-    return Rmax * D + 2 * Rmax * kv_tile + Rmax * Dv + 2 * Rmax + C.RES_SLOTS
+def query_group(blocks, nq, Rmax, n_split):
+    """Query tiles one CPU task walks together: :data:`Q_GROUP` for prefill tiles, fewer while
+    that would leave under ``4 * threads`` tasks, 1 for decode-shaped tiles and split-KV."""
+    if Rmax < C.GEMM_MIN_ROWS or n_split > 1:
+        return 1
+    qg = min(Q_GROUP, nq)
+    while qg > 1 and blocks // nq * -(-nq // qg) < 4 * numba.get_num_threads():
+        qg //= 2
+    return qg
+
+
+def scratch_elems(Rmax, D, Dv, kv_tile, qg=1):
+    return qg * Rmax * D + 2 * Rmax * kv_tile + Rmax * Dv + 2 * Rmax + C.RES_SLOTS
 
 
 def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
@@ -333,8 +385,9 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         G = a.Hq // Hkv
         Rmax = G * qt
         blocks = a.B * Hkv * (-(-a.Sq // qt))
-        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt), np.float32)
-        state = tile.scratch(Rmax * (a.Dv + 2), np.float32)
+        qg = query_group(blocks, -(-a.Sq // qt), Rmax, n_split)
+        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt, qg), np.float32)
+        state = tile.scratch(qg * Rmax * (a.Dv + 2), np.float32)
         ps = n_split if n_split > 1 else 1
         pb = blocks if n_split > 1 else 1
         part_m = np.empty((ps, pb, Rmax), np.float32)
@@ -344,7 +397,7 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         kt = C.packed_keys(kk, kvt, Rmax)
         with cube.dynamic_tasks(1):
             counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal,
-                                    a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, kvt,
+                                    a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, qg, kvt,
                                     n_split, kt, scratch, state, part_m, part_l, part_o)
         run.count(counted, workspace_bytes=p.kernels[len(p.kernels) - (2 if n_split > 1 else 1)].workspace_bytes)
         if n_split > 1:
