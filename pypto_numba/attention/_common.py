@@ -282,16 +282,19 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
     Writes ph (and pl only for pv_mode 1, so pl may alias ph otherwise) [R, n], mt[R], lt[R]. Returns the largest allowed key count
     in the tile (keys past it have p = 0 in every row).
     """
+    # two passes over the rows: the row max is a short dependent chain per row, and with the exp
+    # of the same row right behind it the core waited on it; max first for every row, then exp
+    # (scale + max + exp of a 64 x 128 tile: 7.3 -> 5.9 us on one core, in cache; the same
+    # operations, so the same bits; causal prefill end to end 1.00-1.02x, inside the noise)
     nmax = 0
     for r in range(R):
-        g = r // qv
-        i = i0 + r - g * qv
-        c = allowed_keys(b, i, Sq, Skv, kv_len, causal) - j0
-        c = max(min(c, n), 0)
+        c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n)
         nmax = max(nmax, c)
         base = np.uint64(r * n)  # the row in the flat tiles (uint64: vectorised loops)
         uc = np.uint64(c)
         if has_mask:
+            g = r // qv
+            i = i0 + r - g * qv
             mbase = b * msb + (kvh * G + g) * msh + i * msi + j0 * msj
             for j in range(c):
                 s[base + np.uint64(j)] = s[base + np.uint64(j)] * scale + mask[mbase + j * msj]
@@ -299,14 +302,19 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
             for j in range(uc):
                 s[base + j] = s[base + j] * scale
         m = vrowmax(s, base, c)
-        total = np.float32(0.0)
         if m == NEG_INF:  # all allowed scores -inf, or NaN (the max skips NaN): NaN propagates
             for j in range(uc):
                 if s[base + j] != s[base + j]:
                     m = np.float32(np.nan)
                     break
+        mt[r] = m
+    for r in range(R):
+        c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n)
+        base = np.uint64(r * n)
+        uc = np.uint64(c)
+        m = mt[r]
+        total = np.float32(0.0)
         if m == NEG_INF:  # no allowed key in this tile (or all -inf through the mask)
-            c = 0
             uc = np.uint64(0)
         elif pv_mode == 2:  # P in fp32 (s is a float32 array: no rounding)
             total = vsoftmax_exp(s, base, c, m, ph, s)
@@ -324,9 +332,16 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
         if pv_mode == 1:
             for j in range(uc, np.uint64(n)):
                 pl[base + j] = np.float32(0.0)
-        mt[r] = m
         lt[r] = total
     return nmax
+
+
+@device
+def _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n):
+    """Allowed keys of block row ``r`` inside the tile at ``j0`` (``n`` keys): a prefix, 0 .. n."""
+    i = i0 + r - (r // qv) * qv
+    c = allowed_keys(b, i, Sq, Skv, kv_len, causal) - j0
+    return max(min(c, n), 0)
 
 
 @device
