@@ -94,6 +94,20 @@ def test_mask_broadcasts(mask_shape, rng):
         check(fn(q, k, v, mask=mask), ref, "fp32")
 
 
+def test_broadcast_view_mask_is_not_materialised(rng):
+    """A np.broadcast_to view (stride-0 dims) is read with stride 0, not copied at full size,
+    and gives the bits of the same mask materialised."""
+    from pypto_numba.attention import _common
+    q, k, v = inputs(rng, 2, 4, 2, 3, 40, 16, "bf16")
+    small = rng.standard_normal((1, 4, 1, 40)).astype(np.float32)
+    view = np.broadcast_to(small, (2, 4, 3, 40))
+    a = _common.validate(q, k, v, "test", mask=view)
+    assert a.mask_flat.size == small.size and a.mask_strides == (0, 40, 0, 1)
+    for fn in STRATEGIES.values():
+        np.testing.assert_array_equal(fn(q, k, v, mask=view).view(np.uint16),
+                                      fn(q, k, v, mask=np.ascontiguousarray(view)).view(np.uint16))
+
+
 # ---------------------------------------------------------------------------------------------
 # the shapes PyPTO's own tests use
 

@@ -517,6 +517,10 @@ def check_mask(mask, full, where):
     shape4 = (1,) * (4 - mask.ndim) + mask.shape
     if any(m not in (1, f) for m, f in zip(shape4, full)) or mask.size == 0:
         raise ShapeError(f"{where}: mask of shape {mask.shape} does not broadcast to [B, Hq, Sq, Skv] = {full}")
+    # dims a broadcast view repeats (stride 0, e.g. np.broadcast_to) are kept as one slice:
+    # the kernels read them with stride 0 instead of from a copy materialised at full size
+    mask = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.strides)]
+    shape4 = (1,) * (4 - mask.ndim) + mask.shape
     flat = np.ascontiguousarray(mask).reshape(shape4)
     strides = []
     acc = 1
