@@ -172,25 +172,28 @@ def test_expand_clone_matches_head_loop(name, rng):
     assert rec.cost.workspace_bytes >= 2 * k.nbytes * 3
 
 
+@pytest.mark.parametrize("name, extra", [("flash", {"num_splits": 1, "return_lse": True}),
+                                         ("online", {}), ("online", {"pv": "compensated"})])
 @pytest.mark.parametrize("mask", [False, True])
-def test_flash_query_groups_change_no_bits(dtype, mask, rng, monkeypatch):
+def test_query_groups_change_no_bits(name, extra, dtype, mask, rng, monkeypatch):
     """A prefill CPU task walks several query tiles through the KV tiles together (K/V reused
     from cache): every query tile keeps its own steps, so bits, lse and counts are those of one
     tile per task, also for a last group with fewer tiles and tiles that run fewer KV tiles."""
-    fl = importlib.import_module("pypto_numba.attention.flash")
+    common = importlib.import_module("pypto_numba.attention._common")
     B, Hq, Hkv, Sq, Skv, D = 2, 4, 2, 150, 170, 32
     q, k, v = inputs(rng, B, Hq, Hkv, Sq, Skv, D, dtype)
-    opts = dict(causal=True, kv_len=np.array([170, 101]), q_tile=8, kv_tile=32, num_splits=1)
+    opts = dict(causal=True, kv_len=np.array([170, 101]), q_tile=8, kv_tile=32, **extra)
     if mask:
         opts["mask"] = make((B, 1, Sq, Skv), "fp32", rng)
     # 19 query tiles of G*8 = 16 rows (the prefill blocks) per KV head: groups of 3 leave a 1
-    assert fl.query_group(B * Hkv * 19, 19, 16, 1) > 1  # engaged by default at this shape
-    assert fl.query_group(B * Hkv * 19, 19, 8, 1) == fl.query_group(B * Hkv * 19, 19, 16, 2) == 1
+    assert common.query_group(B * Hkv * 19, 19, 16) > 1  # engaged by default at this shape
+    assert common.query_group(B * Hkv * 19, 19, 8) == common.query_group(B * Hkv * 19, 19, 16, 2) == 1
     ref = reference.attention(q, k, v, **{k_: opts[k_] for k_ in ("causal", "kv_len", "mask") if k_ in opts})
     got = {}
     for g in (1, 3, 4):
-        monkeypatch.setattr(fl, "query_group", lambda *a, g=g: g)
-        (out, lse), rec = run_traced(flash, q, k, v, return_lse=True, **opts)
+        monkeypatch.setattr(common, "query_group", lambda *a, g=g: g)
+        res, rec = run_traced(STRATEGIES[name], q, k, v, **opts)
+        out, lse = res if extra.get("return_lse") else (res, np.zeros(1))
         assert_cost_matches_plan(rec)
         got[g] = (out.view(np.uint8), lse, rec.cost)
     check(out, ref, dtype)

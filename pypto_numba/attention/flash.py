@@ -1,7 +1,7 @@
 """attention.flash: the fused kernel: query tiles x KV tiles, state on-chip, masked tiles skipped.
 
 One tile task per (batch, KV head, query tile[, KV split]) (on the CPU, prefill tasks walk
-``Q_GROUP`` query tiles of a KV head together); the [R = G*qv, D] query block (G
+``_common.Q_GROUP`` query tiles of a KV head together); the [R = G*qv, D] query block (G
 heads of the KV head, qv query positions) walks its KV tiles with the running max/sum/output kept
 on-chip (UB), so no state traffic reaches GM. Tiles that are fully masked for every row of the
 block are not run: with ``kv_len`` and bottom-right ``causal`` the allowed keys of a row are a
@@ -38,13 +38,6 @@ from ..machine.profile import load_profile
 from ..strategy import Launch, register
 from . import _common as C
 
-# Prefill on the CPU: one prange task walks Q_GROUP consecutive query tiles of a (batch, KV head)
-# through the KV tiles together, so each K^T / V tile is read from L3 once per group and reused
-# from L2 by the other query tiles. Each query tile keeps its own Q block and state and runs
-# exactly the steps of a task of its own, in the same order: the grouping changes neither bits
-# nor counts, only the CPU's loop order. Causal prefill (fp32, H=8, S=4096, D=128): 1.14-1.18x
-# faster than one query tile per task with 2 threads, 1.03-1.08x with 1 (the two cores share L3).
-Q_GROUP = 4
 COMBINE_ROW_OPS = 3  # per row and split: max, sub, exp of the weight
 COMBINE_ELEM_OPS = 2  # per output element and split: w*O_s and the add
 LSE_ROW_OPS = 2  # log and add
@@ -54,7 +47,7 @@ LSE_ROW_OPS = 2  # log and add
 def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, mask, msb, msh,
                   msi, msj, qt, qg, kv_tile, n_split, kt, scratch, state, part_m, part_l, part_o):
     """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head[, split])
-    through their KV tiles together (see :data:`Q_GROUP`); each query tile is its own NPU task."""
+    through their KV tiles together (:func:`_common.query_group`); each query tile is its own NPU task."""
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -233,17 +226,6 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
     return tasks, gm_read, gm_write, vector_ops, 0
 
 
-def query_group(blocks, nq, Rmax, n_split):
-    """Query tiles one CPU task walks together: :data:`Q_GROUP` for prefill tiles, fewer while
-    that would leave under ``4 * threads`` tasks, 1 for decode-shaped tiles and split-KV."""
-    if Rmax < C.GEMM_MIN_ROWS or n_split > 1:
-        return 1
-    qg = min(Q_GROUP, nq)
-    while qg > 1 and blocks // nq * -(-nq // qg) < 4 * numba.get_num_threads():
-        qg //= 2
-    return qg
-
-
 def scratch_elems(Rmax, D, Dv, kv_tile, qg=1):
     return qg * Rmax * D + 2 * Rmax * kv_tile + Rmax * Dv + 2 * Rmax + C.RES_SLOTS
 
@@ -385,7 +367,7 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         G = a.Hq // Hkv
         Rmax = G * qt
         blocks = a.B * Hkv * (-(-a.Sq // qt))
-        qg = query_group(blocks, -(-a.Sq // qt), Rmax, n_split)
+        qg = C.query_group(blocks, -(-a.Sq // qt), Rmax, n_split)
         scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt, qg), np.float32)
         state = tile.scratch(qg * Rmax * (a.Dv + 2), np.float32)
         ps = n_split if n_split > 1 else 1

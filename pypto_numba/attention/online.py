@@ -1,7 +1,8 @@
 """attention.online: online softmax over KV tiles, running state in GM workspace (PyPTO decode).
 
-One tile task per (batch, KV head, query tile): the G query heads of the KV head and ``qv`` query
-positions form one [R = G*qv, D] block (head-loop reuse: each K/V tile is loaded once for all G
+One tile task per (batch, KV head, query tile) (on the CPU, prefill tasks walk ``_common.Q_GROUP``
+query tiles of a KV head together): the G query heads of the KV head and ``qv`` query positions
+form one [R = G*qv, D] block (head-loop reuse: each K/V tile is loaded once for all G
 heads, nothing is copied). The task walks all ``ceil(Skv / kv_tile)`` KV tiles (tail tile with a
 valid shape; kv_len and causal are applied by masking, nothing is skipped, as in the PyPTO loop
 over a padded cache) and per tile computes S = QK^T (fp32), scale, mask, local max/exp/sum, P in
@@ -37,13 +38,17 @@ from . import _common as C
 
 @kernel
 def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj,
-                   qt, kv_tile, pv_mode, kt, scratch, ws_m, ws_l, ws_o):
+                   qt, qg, kv_tile, pv_mode, kt, scratch, ws_m, ws_l, ws_o):
+    """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head) through
+    the KV tiles together (:func:`_common.query_group`); each query tile is its own NPU task with
+    its state in ``ws_*[task]``."""
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
     Dv = v.shape[3]
     G = Hq // Hkv
     nq = (Sq + qt - 1) // qt
+    ng = (nq + qg - 1) // qg
     n_t = (Skv + kv_tile - 1) // kv_tile
     Rmax = G * min(qt, Sq)
     b_sz = q.itemsize
@@ -53,24 +58,21 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
     gm_write = 0
     vector_ops = 0
     cube_flops = 0
-    for task in prange(B * Hkv * nq):
-        b = task // (Hkv * nq)
-        rem = task - b * (Hkv * nq)
-        kvh = rem // nq
-        qi = rem - kvh * nq
-        i0 = qi * qt
-        qv = min(qt, Sq - i0)
-        R = G * qv
+    for it in prange(B * Hkv * ng):
+        b = it // (Hkv * ng)
+        rem = it - b * (Hkv * ng)
+        kvh = rem // ng
+        q_lo = (rem - kvh * ng) * qg
+        members = min(qg, nq - q_lo)
         sc = scratch[numba.get_thread_id()]
-        o0 = Rmax * D
-        o1 = o0 + Rmax * kv_tile
+        oq = qg * Rmax * D  # the members' Q blocks, then the tile buffers they share
+        o1 = oq + Rmax * kv_tile
         o2 = o1 + Rmax * kv_tile
         o3 = o2 + Rmax * kv_tile
         o5 = o3 + Rmax * Dv
         o6 = o5 + Rmax * Dv
         o7 = o6 + Rmax
-        qf = sc[0:o0]
-        s = sc[o0:o1]
+        s = sc[oq:o1]
         ph = sc[o1:o2]
         pl = sc[o2:o3]
         ot = sc[o3:o5]
@@ -78,48 +80,61 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
         mt = sc[o6:o7]
         lt = sc[o7:o7 + Rmax]
         res = sc[o7 + Rmax:o7 + Rmax + C.RES_SLOTS]
-        ms = ws_m[task]
-        ls = ws_l[task]
-        os = ws_o[task]
-        C.load_q_block(q, b, kvh, G, i0, qv, qf)
-        gm_read += R * D * b_sz
-        use_gemm = R >= C.GEMM_MIN_ROWS
+        for u in range(members):
+            i0 = (q_lo + u) * qt
+            qv = min(qt, Sq - i0)
+            C.load_q_block(q, b, kvh, G, i0, qv, sc[u * Rmax * D:(u + 1) * Rmax * D])
+            gm_read += G * qv * D * b_sz
         for t in range(n_t):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
-            C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
-            nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                  has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
-            C.tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
-            if pv_mode == 1:
-                C.tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)
-                for i in range(R * Dv):
-                    ot[i] += ot2[i]
-            gm_read += n * D * b_sz + n * Dv * b_sz
-            if has_mask:
-                gm_read += R * n * 4
-            if t == 0:  # is_loop_begin: the tile's state becomes the running state
-                for r in range(R):
-                    ms[r] = mt[r]
-                    ls[r] = lt[r]
-                for i in range(R * Dv):
-                    os[i] = ot[i]
-            else:  # read the state from GM workspace, merge
-                gm_read += R * state_row
-                C.merge_state(ms, ls, os, mt, lt, ot, R, Dv)
-            if t < n_t - 1:  # not is_loop_end: write the state back to GM workspace
-                gm_write += R * state_row
-            vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, pv_mode)
-            cube_flops += C.tile_cube_flops(R, n, D, Dv, pv_mode)
-        C.write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
-        gm_write += R * Dv * b_sz
-        vector_ops += R * Dv * C.FINAL_ELEM_OPS
-        tasks += 1
+            for u in range(members):
+                task = (b * Hkv + kvh) * nq + q_lo + u
+                i0 = (q_lo + u) * qt
+                qv = min(qt, Sq - i0)
+                R = G * qv
+                use_gemm = R >= C.GEMM_MIN_ROWS
+                ms = ws_m[task]
+                ls = ws_l[task]
+                os = ws_o[task]
+                C.tile_scores(sc[u * Rmax * D:(u + 1) * Rmax * D], R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
+                nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+                                      has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
+                C.tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
+                if pv_mode == 1:
+                    C.tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)
+                    for i in range(R * Dv):
+                        ot[i] += ot2[i]
+                gm_read += n * D * b_sz + n * Dv * b_sz
+                if has_mask:
+                    gm_read += R * n * 4
+                if t == 0:  # is_loop_begin: the tile's state becomes the running state
+                    for r in range(R):
+                        ms[r] = mt[r]
+                        ls[r] = lt[r]
+                    for i in range(R * Dv):
+                        os[i] = ot[i]
+                else:  # read the state from GM workspace, merge
+                    gm_read += R * state_row
+                    C.merge_state(ms, ls, os, mt, lt, ot, R, Dv)
+                if t < n_t - 1:  # not is_loop_end: write the state back to GM workspace
+                    gm_write += R * state_row
+                vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, pv_mode)
+                cube_flops += C.tile_cube_flops(R, n, D, Dv, pv_mode)
+        for u in range(members):
+            task = (b * Hkv + kvh) * nq + q_lo + u
+            i0 = (q_lo + u) * qt
+            qv = min(qt, Sq - i0)
+            R = G * qv
+            C.write_out(ws_o[task], ws_l[task], R, Dv, out, b, kvh, G, i0, qv)
+            gm_write += R * Dv * b_sz
+            vector_ops += R * Dv * C.FINAL_ELEM_OPS
+            tasks += 1
     return tasks, gm_read, gm_write, vector_ops, cube_flops
 
 
-def scratch_elems(Rmax, D, Dv, kv_tile):
-    return Rmax * D + 3 * Rmax * kv_tile + 2 * Rmax * Dv + 2 * Rmax + C.RES_SLOTS
+def scratch_elems(Rmax, D, Dv, kv_tile, qg=1):
+    return qg * Rmax * D + 3 * Rmax * kv_tile + 2 * Rmax * Dv + 2 * Rmax + C.RES_SLOTS
 
 
 @memo_plan
@@ -219,7 +234,8 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
         nq = -(-a.Sq // qt)
         Rmax = G * qt
         tasks = a.B * Hkv * nq
-        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt), np.float32)
+        qg = C.query_group(tasks, nq, Rmax)
+        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt, qg), np.float32)
         ws_m = np.empty((tasks, Rmax), np.float32)
         ws_l = np.empty((tasks, Rmax), np.float32)
         ws_o = np.empty((tasks, Rmax * a.Dv), np.float32)
@@ -227,7 +243,7 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
         kt = C.packed_keys(kk, kvt, Rmax)
         with cube.dynamic_tasks(1):
             counted = _online_kernel(a.q.kview, kk, vk, out_k, a.kv_len, a.causal, a.scale,
-                                     a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, kvt,
+                                     a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, qg, kvt,
                                      C.PV_CODE[p.params["pv"]], kt, scratch,
                                      ws_m, ws_l, ws_o)
         run.count(counted, workspace_bytes=p.kernels[-1].workspace_bytes)
