@@ -335,6 +335,7 @@ def compare(op: str, *inputs, strategies=None, policy=None, repeats: int = 5, pr
     dtype = dtypes.storage_name(arrays[0].dtype) or str(arrays[0].dtype)
     rtol, atol = c.tolerances(dtype)
     rows = []
+    timed = []
     prof_name = None
     for variant in variants:
         row = Row(strategy=variant.label, recommended=variant.recommended)
@@ -351,14 +352,21 @@ def compare(op: str, *inputs, strategies=None, policy=None, repeats: int = 5, pr
         outs = c.outputs(result)
         row.precision = [precision.evaluate(o, r, dtype, policy, rtol, atol) for o, r in zip(outs, refs)]
         row.cost = sum((r.cost for r in t.records), Cost())
-        times = []
-        for _ in range(max(1, repeats)):
-            t0 = time.perf_counter()
-            variant.call(*inputs, profile=profile, **options)
-            times.append(time.perf_counter() - t0)
-        row.seconds = statistics.median(times)
         row.estimate = row.cost.estimate(prof_name, dtype)
         rows.append(row)
+        timed.append((row, variant))
+    # CPU times last, the strategies' warm runs interleaved. Timed right after its float64
+    # reference, a strategy shared the cores with what that left running (NumPy's BLAS threads
+    # spin for a while after a call): a 0.6 ms decode call was once reported at 7.7 ms.
+    # Interleaving also spreads a shared host's noise over every strategy alike.
+    times = {id(row): [] for row, _ in timed}
+    for _ in range(max(1, repeats)):
+        for row, variant in timed:
+            t0 = time.perf_counter()
+            variant.call(*inputs, profile=profile, **options)
+            times[id(row)].append(time.perf_counter() - t0)
+    for row, _ in timed:
+        row.seconds = statistics.median(times[id(row)])
     from .machine.profile import load_profile
 
     return Comparison(op=op, shapes=tuple(a.shape for a in arrays),
