@@ -23,6 +23,14 @@ Ratios: ``median_ratio(fn_a, fn_b, repeats=7)`` alternates a, b, a, b, ... and r
 
 ``to_torch(torch, a)``: zero-copy torch tensor of a float32/float16/bfloat16 array (same dtype).
 
+torch is imported when this module is (if installed), before any numba kernel runs: numba's
+OpenMP layer loads the system libgomp at its first parallel launch, and a torch imported after
+that runs next to a second OpenMP runtime and much slower. Measured here (SDPA alternating with
+``attention.flash``, causal prefill B=1, H=8, S=4096, D=128): torch took 420-570 ms imported after
+the first launch, 166-170 ms imported first; ``track_prefill_vs_torch`` read 2.4x instead of
+~1.0x and ``track_decode_vs_torch`` (B=4, Skv=8192) 11.6-12.2x instead of 1.15x. Our kernels'
+times did not change.
+
 Compile time: ``compile_seconds(snippet)`` writes module source to a temporary .py file and runs
 it twice in fresh processes sharing a brand-new ``NUMBA_CACHE_DIR``: the first run compiles, the
 second loads from the cache. The snippet does its imports at top level (untimed) and defines
@@ -39,6 +47,11 @@ import subprocess
 import sys
 import tempfile
 import time
+
+try:  # before numba's first parallel launch: see the module docstring
+    import torch as _torch
+except Exception:  # ImportError, or a broken install: the peer is simply absent
+    _torch = None
 
 import numba
 import numpy as np
@@ -161,12 +174,10 @@ def torch_or_none():
     Sets torch's intra-op threads to ``NUMBA_NUM_THREADS`` (default 2) so the peers compete on the
     same cores.
     """
-    try:
-        import torch
-    except Exception:  # ImportError, or a broken install: the peer is simply absent
+    if _torch is None:
         return None
-    torch.set_num_threads(int(os.environ.get("NUMBA_NUM_THREADS", numba.config.NUMBA_NUM_THREADS)))
-    return torch
+    _torch.set_num_threads(int(os.environ.get("NUMBA_NUM_THREADS", numba.config.NUMBA_NUM_THREADS)))
+    return _torch
 
 
 def to_torch(torch, a: np.ndarray):
