@@ -111,7 +111,8 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
                     continue
                 use_gemm = R >= C.GEMM_MIN_ROWS
                 m0 = u * sw
-                C.tile_scores(sc[u * Rmax * D:(u + 1) * Rmax * D], R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
+                qf = sc[u * Rmax * D:(u + 1) * Rmax * D]  # this query tile's Q block
+                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                       has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
                 C.tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
