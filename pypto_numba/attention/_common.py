@@ -75,7 +75,7 @@ NEG_INF = np.float32(-np.inf)
 # group and reused from L2 by the other query tiles. Each query tile keeps its own Q block and
 # state and runs exactly the steps of a task of its own, in the same order: the grouping changes
 # neither bits nor counts, only the CPU's loop order. Causal flash prefill (fp32, H=8, S=4096,
-# D=128): 1.14-1.18x faster than one query tile per task with 2 threads, 1.03-1.08x with 1.
+# D=128): 1.05-1.18x faster than one query tile per task with 2 threads, 1.03-1.08x with 1.
 Q_GROUP = 4
 
 # vector element-ops per (row, key) of a processed tile: scale, max, sub, exp, sum, cast of P;
