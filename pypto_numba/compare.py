@@ -359,14 +359,14 @@ def compare(op: str, *inputs, strategies=None, policy=None, repeats: int = 5, pr
     # reference, a strategy shared the cores with what that left running (NumPy's BLAS threads
     # spin for a while after a call): a 0.6 ms decode call was once reported at 7.7 ms.
     # Interleaving also spreads a shared host's noise over every strategy alike.
-    times = {id(row): [] for row, _ in timed}
+    times = [[] for _ in timed]
     for _ in range(max(1, repeats)):
-        for row, variant in timed:
+        for (_, variant), ts in zip(timed, times):
             t0 = time.perf_counter()
             variant.call(*inputs, profile=profile, **options)
-            times[id(row)].append(time.perf_counter() - t0)
-    for row, _ in timed:
-        row.seconds = statistics.median(times[id(row)])
+            ts.append(time.perf_counter() - t0)
+    for (row, _), ts in zip(timed, times):
+        row.seconds = statistics.median(ts)
     from .machine.profile import load_profile
 
     return Comparison(op=op, shapes=tuple(a.shape for a in arrays),

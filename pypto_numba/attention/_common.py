@@ -111,6 +111,26 @@ def load_q_block(q, b, kvh, G, i0, qv, qf):
 
 
 @device
+def query_tile(qi, qt, Sq, G):
+    """Query tile ``qi``: its first position ``i0``, valid positions ``qv`` and block rows ``G*qv``."""
+    i0 = qi * qt
+    qv = min(qt, Sq - i0)
+    return i0, qv, G * qv
+
+
+@device
+def group_task(it, Hkv, nq, qg):
+    """prange iteration ``it`` over ``B*Hkv*ceil(nq/qg)`` query-tile groups (:func:`query_group`)
+    -> (b, kvh, first query tile, query tiles in the group)."""
+    ng = (nq + qg - 1) // qg
+    b = it // (Hkv * ng)
+    rem = it - b * (Hkv * ng)
+    kvh = rem // ng
+    q_lo = (rem - kvh * ng) * qg
+    return b, kvh, q_lo, min(qg, nq - q_lo)
+
+
+@device
 def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
     """s[r*n + j] = sum_d qf[r, d] * k[b, h, j0 + j, d] in fp32 (R rows, n keys); ``res``: 16 fp32
     scratch slots (the results of :func:`cube.dot4x4`).

@@ -65,11 +65,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
     for it in prange(B * Hkv * ng * n_split):
         sp = it // (B * Hkv * ng)  # split-major: the tasks of one split are contiguous
         grp = it - sp * (B * Hkv * ng)
-        b = grp // (Hkv * ng)
-        rem = grp - b * (Hkv * ng)
-        kvh = rem // ng
-        q_lo = (rem - kvh * ng) * qg
-        members = min(qg, nq - q_lo)
+        b, kvh, q_lo, members = C.group_task(grp, Hkv, nq, qg)
         sc = scratch[numba.get_thread_id()]
         oq = qg * Rmax * D  # the members' Q blocks, then the tile buffers they share
         o1 = oq + Rmax * kv_tile
@@ -89,9 +85,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
         t_first = 1 << 62
         t_last = 0
         for u in range(members):
-            i0 = (q_lo + u) * qt
-            qv = min(qt, Sq - i0)
-            R = G * qv
+            i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
             lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp)
             t_first = min(t_first, lo)
             t_last = max(t_last, hi)
@@ -103,9 +97,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
             for u in range(members):
-                i0 = (q_lo + u) * qt
-                qv = min(qt, Sq - i0)
-                R = G * qv
+                i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
                 lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp)
                 if t < lo or t >= hi:
                     continue
@@ -125,9 +117,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
                 cube_flops += C.tile_cube_flops(R, n, D, Dv, 0)
         for u in range(members):
             qi = q_lo + u
-            i0 = qi * qt
-            qv = min(qt, Sq - i0)
-            R = G * qv
+            i0, qv, R = C.query_tile(qi, qt, Sq, G)
             m0 = u * sw
             ms = st[m0:m0 + Rmax]
             ls = st[m0 + Rmax:m0 + 2 * Rmax]

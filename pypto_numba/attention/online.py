@@ -59,11 +59,7 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
     vector_ops = 0
     cube_flops = 0
     for it in prange(B * Hkv * ng):
-        b = it // (Hkv * ng)
-        rem = it - b * (Hkv * ng)
-        kvh = rem // ng
-        q_lo = (rem - kvh * ng) * qg
-        members = min(qg, nq - q_lo)
+        b, kvh, q_lo, members = C.group_task(it, Hkv, nq, qg)
         sc = scratch[numba.get_thread_id()]
         oq = qg * Rmax * D  # the members' Q blocks, then the tile buffers they share
         o1 = oq + Rmax * kv_tile
@@ -81,18 +77,15 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
         lt = sc[o7:o7 + Rmax]
         res = sc[o7 + Rmax:o7 + Rmax + C.RES_SLOTS]
         for u in range(members):
-            i0 = (q_lo + u) * qt
-            qv = min(qt, Sq - i0)
+            i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
             C.load_q_block(q, b, kvh, G, i0, qv, sc[u * Rmax * D:(u + 1) * Rmax * D])
-            gm_read += G * qv * D * b_sz
+            gm_read += R * D * b_sz
         for t in range(n_t):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
             for u in range(members):
                 task = (b * Hkv + kvh) * nq + q_lo + u
-                i0 = (q_lo + u) * qt
-                qv = min(qt, Sq - i0)
-                R = G * qv
+                i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
                 use_gemm = R >= C.GEMM_MIN_ROWS
                 ms = ws_m[task]
                 ls = ws_l[task]
@@ -124,9 +117,7 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
                 cube_flops += C.tile_cube_flops(R, n, D, Dv, pv_mode)
         for u in range(members):
             task = (b * Hkv + kvh) * nq + q_lo + u
-            i0 = (q_lo + u) * qt
-            qv = min(qt, Sq - i0)
-            R = G * qv
+            i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
             C.write_out(ws_o[task], ws_l[task], R, Dv, out, b, kvh, G, i0, qv)
             gm_write += R * Dv * b_sz
             vector_ops += R * Dv * C.FINAL_ELEM_OPS
