@@ -124,14 +124,17 @@ def test_out_argument(rng):
         embedding.gather(w, ids, out=np.empty((2, 5, 16), np.float32))
 
 
-@pytest.mark.parametrize("H", [3, 37, 64, 100])
-def test_streaming_rows_any_alignment(H, dtype, rng, monkeypatch):
+@pytest.mark.parametrize("row_tile", [8, 24])
+@pytest.mark.parametrize("H", [3, 37, 64, 100, 160])
+def test_streaming_rows_any_alignment(H, row_tile, dtype, rng, monkeypatch):
     """Whole-line streaming stores (forced by lowering the size threshold): rows shorter and
-    longer than a cache line, outputs starting at every 2-byte offset of a line, a row_tile tail;
-    exact rows, nothing written outside out, counted Cost == planned."""
+    longer than a cache line, rows of whole lines (64, 160: several rows walked in lockstep, a
+    last step of fewer lines, the line between two rows assembled when out is not on a line),
+    outputs starting at every 2-byte offset of a line, tasks of one and of several row groups,
+    a row_tile tail; exact rows, nothing written outside out, counted Cost == planned."""
     monkeypatch.setattr(embedding, "STREAM_MIN_BYTES", 0)
     w = make((50, H), dtype, rng)
-    ids = rng.integers(0, 50, size=(3, 13)).astype(np.int32)  # 39 ids: row_tile 8 leaves a tail
+    ids = rng.integers(0, 50, size=(3, 13)).astype(np.int32)  # 39 ids: either row_tile leaves a tail
     expected = reference.embedding(w, ids)
     n = ids.size * H
     size = w.itemsize
@@ -139,7 +142,7 @@ def test_streaming_rows_any_alignment(H, dtype, rng, monkeypatch):
         buf = np.zeros(n + 128 // size, w.dtype)
         start = (-buf.ctypes.data % 64 + off_bytes) // size
         out = buf[start : start + n].reshape(ids.shape + (H,))
-        got, rec = run_traced(embedding.gather, w, ids, row_tile=8, out=out)
+        got, rec = run_traced(embedding.gather, w, ids, row_tile=row_tile, out=out)
         assert got is out
         assert np.array_equal(out.astype(np.float64), expected)
         assert not buf[:start].view(np.uint8).any() and not buf[start + n :].view(np.uint8).any()

@@ -44,3 +44,18 @@ def test_aligned_empty_and_streamable():
     assert tile.streamable(np.empty(tile.STREAM_MIN_BYTES // 4, np.float32))
     assert not tile.streamable(np.empty(16, np.float32))
     assert tile.streamable(np.empty(16, np.float32), min_bytes=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_empty_in_phase(dtype):
+    """The new array starts at the same byte offset within a line as the model array, for every
+    offset the dtype allows, and has the asked shape and dtype."""
+    item = np.dtype(dtype).itemsize
+    buf = np.empty(64, dtype)
+    for off in range(0, tile.ALIGN, item):
+        start = ((off - buf.ctypes.data) % tile.ALIGN) // item
+        like = buf[start : start + 8]
+        assert like.ctypes.data % tile.ALIGN == off
+        a = tile.empty_in_phase((4, 7), dtype, like)
+        assert a.shape == (4, 7) and a.dtype == dtype and a.flags.c_contiguous
+        assert a.ctypes.data % tile.ALIGN == off

@@ -170,6 +170,18 @@ def aligned_empty(shape, name):
     return a, dtypes.kernel_view(a)
 
 
+def empty_in_phase(shape, dtype, like: np.ndarray) -> np.ndarray:
+    """A new C-contiguous array whose data starts at the same byte offset within a cache line as
+    ``like``'s. A kernel that copies rows of ``like`` to equal offsets of the new array then
+    loads and stores whole lines together (a line-straddling load costs two line fills; the
+    embedding gather ran 1.15-1.2x faster in phase than with a line-aligned output)."""
+    dt = np.dtype(dtype)
+    n = _math.prod(shape)
+    buf = np.empty(n + ALIGN // dt.itemsize, dt)
+    first = ((like.ctypes.data - buf.ctypes.data) % ALIGN) // dt.itemsize
+    return buf[first : first + n].reshape(shape)
+
+
 def scratch(cols, name_or_dtype, *lead):
     """Per-thread scratch ``[n_threads, *lead, cols]``: each thread's slab starts on its own cache
     line (64-byte aligned, padded by a line) so that two threads never write to one line."""
