@@ -311,6 +311,25 @@ def plan_index_select(weight_shape, ids_shape, dtype="fp32", ids_dtype="int32", 
 # public strategies
 
 
+@device
+def _first_bad_id(ids, vocab):
+    """Flat index of the first id outside ``[0, vocab)``, or -1: one pass over the ids (a negative
+    id is a huge unsigned one), in blocks that vectorise, the bad block then searched in order.
+    NumPy's ``(ids < 0) | (ids >= vocab)`` makes three passes and two temporaries."""
+    n = ids.size
+    uv = np.uint64(vocab)
+    for c in range(0, n, 1024):
+        stop = min(c + 1024, n)
+        bad = False
+        for i in range(c, stop):
+            bad |= np.uint64(ids[i]) >= uv
+        if bad:
+            for i in range(c, stop):
+                if np.uint64(ids[i]) >= uv:
+                    return i
+    return -1
+
+
 def _check_ids(ids, vocab: int, where: str):
     """ids -> (contiguous array, dtype name, copied bytes); DTypeError / ShapeError / IndexError."""
     if not isinstance(ids, np.ndarray):
@@ -331,9 +350,8 @@ def _check_ids(ids, vocab: int, where: str):
     if not ids.flags.c_contiguous:
         ids = np.ascontiguousarray(ids)
         copied = ids.nbytes
-    bad = (ids < 0) | (ids >= vocab)
-    if bad.any():
-        flat = int(np.argmax(bad.reshape(-1)))
+    flat = int(_first_bad_id(ids.reshape(-1), vocab))
+    if flat >= 0:
         pos = tuple(int(i) for i in np.unravel_index(flat, ids.shape))
         value = int(ids.reshape(-1)[flat])
         raise IndexError(

@@ -75,6 +75,25 @@ def test_out_of_range_ids(bad, pos, rng):
     assert len(t.records) == 0  # no kernel ran
 
 
+@pytest.mark.parametrize("ids_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("bad", [-1, 50, "min"])
+def test_out_of_range_id_found_in_a_long_index(bad, ids_dtype, rng):
+    """The first bad id of a long index (the check runs in blocks of 1024): in a later block,
+    with another bad id after it in the same block and one in the next block; the most
+    negative id of the dtype is out of range too."""
+    w = make((50, 8), "fp32", rng)
+    value = int(np.iinfo(ids_dtype).min) if bad == "min" else bad
+    ids = rng.integers(0, 50, size=(3, 1000)).astype(ids_dtype)
+    ids[2, 100] = value  # flat 2100: the third block
+    ids[2, 500] = 50
+    ids[2, 999] = -3
+    with pytest.raises(IndexError, match=rf"ids\[2, 100\] = {value} is out of range \[0, 50\)"):
+        embedding.gather(w, ids)
+    ids[2, 100] = 49  # the last valid row
+    ids[2, 500] = ids[2, 999] = 0
+    assert np.array_equal(embedding.gather(w, ids), w[ids])
+
+
 def test_bad_inputs(rng):
     w = make((10, 16), "fp32", rng)
     with pytest.raises(DTypeError, match=r"int32 or int64"):
