@@ -226,6 +226,39 @@ def test_dot4x4_register_block(dt, k, nvec, rng):
 
 
 @numba.njit(cache=True)
+def _dot1x4_all(a, w, nvec, res, out):
+    """out[i, j] = dot1x4 of row i of a against weight rows j .. j+3, every 4 weight rows."""
+    lda = np.uint64(a.shape[1])
+    ldw = np.uint64(w.shape[1])
+    af = a.reshape(-1)
+    wf = w.reshape(-1)
+    for i in range(a.shape[0]):
+        for j0 in range(0, w.shape[0], 4):
+            cube.dot1x4(af, np.uint64(i) * lda, lda, wf, np.uint64(j0) * ldw, ldw, np.uint64(nvec), res)
+            for e in range(4):
+                out[i, j0 + e] = res[e]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("k, nvec", [(128, 8), (83, 5), (16, 1), (16, 0)])
+def test_dot1x4_register_block(dt, k, nvec, rng):
+    """cube.dot1x4 (decode rows of x left after the 4-row blocks): 4 dot products over the first
+    16*nvec elements, widened exactly from every storage dtype, in weight-row order; the rest of
+    the row is not read (NaN there would poison the sums)."""
+    a = rng.standard_normal((3, k)).astype(np.float32)
+    w = make((8, k), dt, rng)
+    used = 16 * nvec
+    a[:, used:] = np.nan
+    res = np.full(4, np.nan, np.float32)
+    out = np.full((3, 8), np.nan, np.float32)
+    _dot1x4_all(a, dtypes.kernel_view(w), nvec, res, out)
+    ref = a[:, :used].astype(np.float64) @ dtypes.to_float32(w)[:, :used].astype(np.float64).T
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * max(1, used) ** 0.5)
+    if nvec:
+        assert np.abs(out).max() > 0.1
+
+
+@numba.njit(cache=True)
 def _outer_rows(c, c0, ldc, a, a0, lda, w, w0, ldw, m, ncols, k):
     cube.outer_rows(c, c0, ldc, a, a0, lda, w, w0, ldw, m, ncols, k)
 
