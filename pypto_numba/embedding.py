@@ -53,7 +53,7 @@ from .machine.jit import device, kernel
 from .machine.memo import memo_plan
 from .machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
 from .machine.profile import load_profile
-from .machine.tile import STREAM_MIN_BYTES, empty_in_phase, scratch, store_fence
+from .machine.tile import STREAM_MIN_BYTES, address, empty_in_phase, scratch, store_fence
 from .strategy import Launch, register
 
 ID_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
@@ -387,7 +387,7 @@ def _run(strategy, weight, ids, profile, row_tile, h_tile, out=None):
     # stream whole lines when each task's output is a contiguous run of whole rows and the
     # result is too large to be re-read from cache (module attribute: tests lower it)
     size = out_k.itemsize
-    stream = bool(p.params["h_tile"] >= h and out_k.nbytes >= STREAM_MIN_BYTES and out_k.ctypes.data % size == 0)
+    stream = bool(p.params["h_tile"] >= h and out_k.nbytes >= STREAM_MIN_BYTES and address(out_k) % size == 0)
     with Launch(p, [wt.shape, ids.shape]) as run:
         run.count(_gather_kernel(wt.array.view(view), ids.reshape(-1), out_k,
                                  p.params["row_tile"], p.params["h_tile"], stream, scratch(LINE // size, view)))

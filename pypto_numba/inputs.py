@@ -128,7 +128,7 @@ def output(where: str, xt: Tensor, out):
         raise ShapeError(f"{where}: out must have x's shape {xt.shape}, got {out.shape}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ConstraintError(f"{where}: out must be a writeable C-contiguous array")
-    same = out.__array_interface__["data"][0] == xt.array.__array_interface__["data"][0]
+    same = tile.address(out) == tile.address(xt.array)
     if not same and np.may_share_memory(out, xt.array):
         raise ConstraintError(f"{where}: out overlaps x partially; pass out=x (in place) or a separate array")
     return out, dtypes.kernel_view(out)

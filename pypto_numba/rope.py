@@ -729,7 +729,7 @@ def _weight(where, xt, weight):
 
 def _streamable(out_k):
     """Streaming stores for outputs of at least ``STREAM_MIN_BYTES`` (module attribute: tests lower it)."""
-    return tile.streamable(out_k, STREAM_MIN_BYTES) and out_k.ctypes.data % out_k.itemsize == 0
+    return tile.streamable(out_k, STREAM_MIN_BYTES) and tile.address(out_k) % out_k.itemsize == 0
 
 
 _DUMMY = {name: np.zeros((1, 2), dt) for name, dt in dtypes.KERNEL.items()}
@@ -760,7 +760,7 @@ def _run_norm_rope(kind, x, weight, cos, sin, eps, profile, token_tile, out):
     stream = _streamable(out_k)
     line = LINE // out_k.itemsize
     # fp32 rope alone, with every head row (and its second rotary half) starting on a line
-    direct = bool(stream and rope and not norm and xt.dtype == "fp32" and out_k.ctypes.data % LINE == 0
+    direct = bool(stream and rope and not norm and xt.dtype == "fp32" and tile.address(out_k) % LINE == 0
                   and D % line == 0 and (R // 2) % line == 0)
     with Launch(p, [a.shape for a in (xt, wt, ct, st) if a is not None]) as run:
         run.count(

@@ -46,6 +46,17 @@ def test_aligned_empty_and_streamable():
     assert tile.streamable(np.empty(16, np.float32), min_bytes=0)
 
 
+def test_address_is_the_data_pointer():
+    """tile.address agrees with NumPy's ctypes.data for every storage and index dtype, for views
+    that start inside an array and for non-contiguous views."""
+    import ml_dtypes
+
+    for dt in (np.float32, np.float16, ml_dtypes.bfloat16, np.uint16, np.int32, np.int64):
+        a = np.zeros((6, 10), dt)
+        for view in (a, a[1:, 3:], a[:, ::2], a.T, a[2]):
+            assert tile.address(view) == view.ctypes.data
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
 def test_empty_in_phase(dtype):
     """The new array starts at the same byte offset within a line as the model array, for every

@@ -1089,7 +1089,7 @@ def run_walk(a_k: np.ndarray, b_k: np.ndarray, bias_k, out_k: np.ndarray, walk_o
         m = a_k.shape[0]
         skinny = m < SKINNY_M and (a_k.dtype != np.float32 or m >= SKINNY_MIN_F32)
     skinny = bool(skinny)
-    if skinny and a_k.dtype == np.float32 and a_k.ctypes.data % tile.ALIGN:
+    if skinny and a_k.dtype == np.float32 and tile.address(a_k) % tile.ALIGN:
         # decode reads fp32 rows of a in place, with every 64-byte vector load of them split
         # across two lines when a is off a line (NumPy's large arrays start 16 bytes past one);
         # a line-aligned copy (128 KiB at M = 8, K = 4096) made the call 1.05x faster
