@@ -41,10 +41,7 @@ import math
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import prange
 
 from . import inputs
 from .errors import DTypeError, ShapeError
@@ -53,7 +50,7 @@ from .machine.jit import device, kernel
 from .machine.memo import memo_plan
 from .machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
 from .machine.profile import load_profile
-from .machine.tile import STREAM_MIN_BYTES, address, empty_in_phase, scratch, store_fence
+from .machine.tile import LINE, STREAM_MIN_BYTES, address, empty_in_phase, scratch, store_fence, stream_lines
 from .strategy import Launch, register
 
 ID_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
@@ -61,7 +58,7 @@ _COPY_VIEW = {"fp32": np.uint32, "bf16": np.uint16, "fp16": np.uint16}  # bits a
 
 
 # ---------------------------------------------------------------------------------------------
-# streaming stores of whole cache lines
+# streaming stores of whole cache lines (machine.tile.stream_lines)
 #
 # A row gather is a memcpy per row, and a memcpy of a large block runs at memory speed only
 # with non-temporal stores (a plain store first reads the destination line: 3 bytes of DRAM
@@ -73,37 +70,6 @@ _COPY_VIEW = {"fp32": np.uint32, "bf16": np.uint16, "fp16": np.uint16}  # bits a
 # the streaming store evicts it again), so a task streams every whole line of its contiguous
 # output range, also the lines that straddle two rows (assembled in a 64-byte scratch), and
 # writes only the partial lines at its two ends with plain stores.
-
-LINE = 64  # bytes: one cache line, the unit of stream_lines
-
-
-@intrinsic
-def stream_lines(typingctx, dst, d_off, src, s_off, nbytes):
-    """``dst[d_off:] <- src[s_off:]``, ``nbytes`` (a multiple of 64) with 64-byte streaming stores.
-
-    ``dst`` and ``src`` are 1-D arrays, the offsets are element indices (uint64). The destination
-    address ``dst[d_off]`` must be 64-byte aligned (a streaming store to a misaligned address
-    faults); the source needs no alignment. Callers fence (:func:`store_fence`) before their
-    task ends.
-    """
-    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 1 and src.ndim == 1):
-        return None
-
-    def codegen(context, builder, sig, args):
-        d = context.make_array(sig.args[0])(context, builder, args[0])
-        s = context.make_array(sig.args[2])(context, builder, args[2])
-        vec = ir.VectorType(ir.IntType(32), LINE // 4)
-        dp = builder.bitcast(builder.gep(d.data, [args[1]]), vec.as_pointer())
-        sp = builder.bitcast(builder.gep(s.data, [args[3]]), vec.as_pointer())
-        count = builder.udiv(args[4], ir.Constant(args[4].type, LINE))
-        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        with cgutils.for_range(builder, count) as loop:
-            v = builder.load(builder.gep(sp, [loop.index]), align=1)
-            store = builder.store(v, builder.gep(dp, [loop.index]), align=LINE)
-            store.set_metadata("nontemporal", nontemporal)
-        return context.get_dummy_value()
-
-    return types.void(dst, types.uint64, src, types.uint64, types.uint64), codegen
 
 
 @device

@@ -85,11 +85,10 @@ from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_tile
 from .machine import tile
 from .machine.profile import load_profile
-from .machine.tile import STREAM_MIN_BYTES
+from .machine.tile import LINE, STREAM_MIN_BYTES, stream_lines
 from .machine.tile import copy as _copy
 from .machine.tile import scratch as _scratch
 from .machine.tile import store_fence as _store_fence
-from .embedding import LINE, stream_lines
 from .strategy import Launch, register
 
 ROPE_OPS = 3  # per rotated element: 2 mul + 1 add/sub

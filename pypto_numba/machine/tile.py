@@ -34,6 +34,7 @@ from . import dtypes
 from .jit import device
 
 VEC_BYTES = 32  # one AVX vector: the unit of stream_copy
+LINE = 64  # bytes: one cache line, the unit of stream_lines
 
 
 @intrinsic
@@ -66,6 +67,35 @@ def streamcopy(typingctx, dst, src, nbytes):
         return context.get_dummy_value()
 
     return types.void(dst, src, types.intp), codegen
+
+
+@intrinsic
+def stream_lines(typingctx, dst, d_off, src, s_off, nbytes):
+    """``dst[d_off:] <- src[s_off:]``, ``nbytes`` (a multiple of 64) with 64-byte streaming stores.
+
+    ``dst`` and ``src`` are 1-D arrays, the offsets are element indices (uint64). The destination
+    address ``dst[d_off]`` must be 64-byte aligned (a streaming store to a misaligned address
+    faults); the source needs no alignment. Callers fence (:func:`store_fence`) before their
+    task ends.
+    """
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 1 and src.ndim == 1):
+        return None
+
+    def codegen(context, builder, sig, args):
+        d = context.make_array(sig.args[0])(context, builder, args[0])
+        s = context.make_array(sig.args[2])(context, builder, args[2])
+        vec = ir.VectorType(ir.IntType(32), LINE // 4)
+        dp = builder.bitcast(builder.gep(d.data, [args[1]]), vec.as_pointer())
+        sp = builder.bitcast(builder.gep(s.data, [args[3]]), vec.as_pointer())
+        count = builder.udiv(args[4], ir.Constant(args[4].type, LINE))
+        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with cgutils.for_range(builder, count) as loop:
+            v = builder.load(builder.gep(sp, [loop.index]), align=1)
+            store = builder.store(v, builder.gep(dp, [loop.index]), align=LINE)
+            store.set_metadata("nontemporal", nontemporal)
+        return context.get_dummy_value()
+
+    return types.void(dst, types.uint64, src, types.uint64, types.uint64), codegen
 
 
 @intrinsic
@@ -152,7 +182,7 @@ def copy_out(orow, staged, n, stream):
 
 
 
-ALIGN = 64  # bytes: scratch slabs start on their own cache line
+ALIGN = LINE  # bytes: scratch slabs start on their own cache line
 # Outputs of at least this many bytes are written with streaming stores (see stream_copy): they
 # do not fit the 2-core host's caches, so caching them gains nothing and costs the
 # read-for-ownership traffic. Smaller outputs (decode steps) stay in cache for their consumer.
