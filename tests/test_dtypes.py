@@ -352,3 +352,88 @@ def test_convert_loops_vectorise(src, dst):
     loop(x, out)
     ir = loop.inspect_llvm(loop.signatures[0])
     assert re.search(r"<(8|16|32) x (float|i32|i16)>", ir)
+
+
+# ----------------------------------------------------------------------------------------------
+# the converters as <16 x> vector IR (widen_ir / narrow_ir): the same bits as the scalar ones
+
+
+def _vector_converters():
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def vec_widen(typingctx, src, dst, n16):
+        def codegen(context, builder, sig, args):
+            s = context.make_array(sig.args[0])(context, builder, args[0])
+            d = context.make_array(sig.args[1])(context, builder, args[1])
+            kind = sig.args[0].dtype
+            rty = ir.VectorType(context.get_data_type(kind), 16)
+            fty = ir.VectorType(ir.FloatType(), 16)
+            from numba.core import cgutils
+
+            with cgutils.for_range(builder, args[2]) as loop:
+                off = builder.mul(loop.index, ir.Constant(ir.IntType(64), 16))
+                raw = builder.load(builder.bitcast(builder.gep(s.data, [off]), rty.as_pointer()), align=1)
+                val = D.widen_ir(builder, raw, kind, 16)
+                builder.store(val, builder.bitcast(builder.gep(d.data, [off]), fty.as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return types.void(src, dst, types.uint64), codegen
+
+    @intrinsic
+    def vec_narrow(typingctx, src, dst, n16):
+        def codegen(context, builder, sig, args):
+            s = context.make_array(sig.args[0])(context, builder, args[0])
+            d = context.make_array(sig.args[1])(context, builder, args[1])
+            kind = sig.args[1].dtype
+            rty = ir.VectorType(context.get_data_type(kind), 16)
+            fty = ir.VectorType(ir.FloatType(), 16)
+            from numba.core import cgutils
+
+            with cgutils.for_range(builder, args[2]) as loop:
+                off = builder.mul(loop.index, ir.Constant(ir.IntType(64), 16))
+                val = builder.load(builder.bitcast(builder.gep(s.data, [off]), fty.as_pointer()), align=1)
+                raw = D.narrow_ir(builder, val, kind, 16)
+                builder.store(raw, builder.bitcast(builder.gep(d.data, [off]), rty.as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return types.void(src, dst, types.uint64), codegen
+
+    @njit
+    def widen_all(src, dst):
+        vec_widen(src, dst, np.uint64(src.size // 16))
+
+    @njit
+    def narrow_all(src, dst):
+        vec_narrow(src, dst, np.uint64(src.size // 16))
+
+    return widen_all, narrow_all
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_vector_converters_match_the_scalar_ones(name):
+    """widen_ir / narrow_ir on 16-lane vectors (the rope rotation's loads and stores) give the
+    bits of the scalar converters: every 16-bit pattern widened (NaN payloads, subnormals, Inf),
+    and float32 values narrowed across ties, subnormals, overflow, Inf and NaNs with payloads."""
+    widen_all, narrow_all = _vector_converters()
+    kview = D.KERNEL[name]
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(kview)
+    wide = np.empty(bits.size, np.float32)
+    widen_all(bits, wide)
+    np.testing.assert_array_equal(wide.view(np.uint32), D.to_float32(bits).view(np.uint32))
+    rng = np.random.default_rng(0)
+    f = np.concatenate([
+        wide[np.isfinite(wide)],
+        (wide[np.isfinite(wide)] * np.float32(1 + 2**-9)).astype(np.float32),  # near ties
+        rng.standard_normal(4096).astype(np.float32) * np.float32(1e-6),  # fp16 subnormals
+        np.array([65504, 65519.99, 65520, 1e30, -1e30, np.inf, -np.inf, 0.0, -0.0], np.float32),
+        np.array([0x7F800001, 0xFFC00000, 0x7FA00000, 0x7F802000], np.uint32).view(np.float32),  # NaNs
+    ])
+    f = np.concatenate([f, np.zeros(-f.size % 16, np.float32)])
+    got = np.empty(f.size, kview)
+    narrow_all(f, got)
+    want = np.empty(f.size, kview)
+    D._narrow_flat(f, want)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

@@ -224,14 +224,22 @@ _F32 = ir.FloatType()
 
 
 class _Ops:
-    """One 32-bit IR instruction per call, so the converters read like the formulas."""
+    """One 32-bit IR instruction per call, so the converters read like the formulas. ``lanes`` > 1:
+    the same instructions on ``<lanes x i32>`` vectors (integer constants are splatted)."""
 
-    def __init__(self, builder):
+    def __init__(self, builder, lanes=1):
         self.b = builder
+        self.lanes = lanes
+        self.i32 = _I32 if lanes == 1 else ir.VectorType(_I32, lanes)
+        self.f32 = _F32 if lanes == 1 else ir.VectorType(_F32, lanes)
+        self.i16 = _I16 if lanes == 1 else ir.VectorType(_I16, lanes)
 
-    @staticmethod
-    def k(v):
-        return ir.Constant(_I32, v & 0xFFFFFFFF)
+    def k(self, v):
+        v &= 0xFFFFFFFF
+        return ir.Constant(self.i32, v if self.lanes == 1 else [v] * self.lanes)
+
+    def fk(self, v):
+        return ir.Constant(self.f32, v if self.lanes == 1 else [v] * self.lanes)
 
     def _v(self, x):
         return self.k(x) if isinstance(x, int) else x
@@ -261,10 +269,84 @@ class _Ops:
         return self.b.select(c, self._v(x), self._v(y))
 
     def as_f32(self, x):
-        return self.b.bitcast(self._v(x), _F32)
+        return self.b.bitcast(self._v(x), self.f32)
 
     def as_u32(self, f):
-        return self.b.bitcast(f, _I32)
+        return self.b.bitcast(f, self.i32)
+
+
+def bf16_bits_ir(builder, f, lanes=1):
+    """float32 (or ``<lanes x float>``) -> bf16 bits (i16): round to nearest even; NaN -> 0x7FC0
+    with the sign."""
+    o = _Ops(builder, lanes)
+    b = o.as_u32(f)
+    # round to nearest even at bit 16; the carry reaches the exponent (overflow -> Inf)
+    rounded = o.shr(o.add(o.add(b, 0x7FFF), o.and_(o.shr(b, 16), 1)), 16)
+    qnan = o.or_(o.and_(o.shr(b, 16), 0x8000), 0x7FC0)  # ml_dtypes: canonical qNaN, signed
+    is_nan = o.cmp(">", o.and_(b, 0x7FFFFFFF), 0x7F800000)
+    return builder.trunc(o.select(is_nan, qnan, rounded), o.i16)
+
+
+def bf16_value_ir(builder, h, lanes=1):
+    """bf16 bits (i16 or ``<lanes x i16>``) -> float32, exact."""
+    o = _Ops(builder, lanes)
+    return o.as_f32(o.shl(builder.zext(h, o.i32), 16))
+
+
+def fp16_value_ir(builder, h, lanes=1):
+    """fp16 bits (i16 or ``<lanes x i16>``) -> float32, exact; Inf/NaN keep their payload (not
+    quieted), like NumPy."""
+    o = _Ops(builder, lanes)
+    x = builder.zext(h, o.i32)
+    sign = o.shl(o.and_(x, 0x8000), 16)
+    em = o.shl(o.and_(x, 0x7FFF), 13)  # exponent and mantissa at their float32 positions
+    e = o.and_(x, 0x7C00)
+    normal = o.add(em, (127 - 15) << 23)  # rebias
+    infnan = o.add(em, (255 - 31) << 23)  # exponent 0xFF, payload kept (not quieted)
+    # subnormal m * 2^-24 = (1 + m/1024) * 2^-14 - 2^-14: normal operands, exact result
+    sub = o.as_u32(builder.fsub(o.as_f32(o.add(em, 113 << 23)), o.fk(2.0**-14)))
+    bits = o.select(o.cmp("==", e, 0x7C00), infnan, normal)
+    bits = o.select(o.cmp("==", e, 0), sub, bits)
+    return o.as_f32(o.or_(bits, sign))
+
+
+def fp16_bits_ir(builder, f, lanes=1):
+    """float32 (or ``<lanes x float>``) -> fp16 bits (i16): round to nearest even, with
+    subnormals and overflow to Inf; NaN keeps its top 10 payload bits (NumPy)."""
+    o = _Ops(builder, lanes)
+    b = o.as_u32(f)
+    sign = o.and_(o.shr(b, 16), 0x8000)
+    a = o.and_(b, 0x7FFFFFFF)
+    # |f| >= 2^-14: rebias, round the 13 dropped bits to nearest even (carry may reach Inf)
+    normal = o.shr(o.add(o.add(o.sub(a, (127 - 15) << 23), 0xFFF), o.and_(o.shr(a, 13), 1)), 13)
+    # |f| < 2^-14: one float addition of 0.5 (whose ulp is 2^-24, the fp16 subnormal step)
+    # rounds |f| to nearest even at that step; the bits above 0.5's are the fp16 bits
+    # (0..0x400, where 0x400 is the smallest normal, also right)
+    added = builder.fadd(o.as_f32(a), o.fk(0.5))
+    sub = o.sub(o.as_u32(added), 0x3F000000)
+    # NaN (NumPy): top 10 payload bits, and 1 if those are all zero so it stays NaN
+    payload = o.and_(o.shr(a, 13), 0x3FF)
+    nan = o.or_(o.select(o.cmp("==", payload, 0), 1, payload), 0x7C00)
+    r = o.select(o.cmp("<", a, 113 << 23), sub, normal)
+    r = o.select(o.cmp(">=", a, 0x477FF000), 0x7C00, r)  # 65520 (tie 65504|65536) -> Inf
+    r = o.select(o.cmp(">", a, 0x7F800000), nan, r)
+    return builder.trunc(o.or_(r, sign), o.i16)
+
+
+def widen_ir(builder, raw, kind, lanes):
+    """``<lanes x>`` kernel-view values (``kind``: numba float32, uint16 = bf16 bits or int16 =
+    fp16 bits) -> ``<lanes x float>``, exactly as :func:`widen`."""
+    if kind == types.float32:
+        return raw
+    return (bf16_value_ir if kind == types.uint16 else fp16_value_ir)(builder, raw, lanes)
+
+
+def narrow_ir(builder, v, kind, lanes):
+    """``<lanes x float>`` -> ``<lanes x>`` values of kernel dtype ``kind``, exactly as
+    :func:`narrow` (round to nearest even)."""
+    if kind == types.float32:
+        return v
+    return (bf16_bits_ir if kind == types.uint16 else fp16_bits_ir)(builder, v, lanes)
 
 
 @intrinsic
@@ -273,13 +355,7 @@ def _f32_to_bf16(typingctx, f):
         return None
 
     def codegen(context, builder, sig, args):
-        o = _Ops(builder)
-        b = o.as_u32(args[0])
-        # round to nearest even at bit 16; the carry reaches the exponent (overflow -> Inf)
-        rounded = o.shr(o.add(o.add(b, 0x7FFF), o.and_(o.shr(b, 16), 1)), 16)
-        qnan = o.or_(o.and_(o.shr(b, 16), 0x8000), 0x7FC0)  # ml_dtypes: canonical qNaN, signed
-        is_nan = o.cmp(">", o.and_(b, 0x7FFFFFFF), 0x7F800000)
-        return builder.trunc(o.select(is_nan, qnan, rounded), _I16)
+        return bf16_bits_ir(builder, args[0])
 
     return types.uint16(types.float32), codegen
 
@@ -290,18 +366,7 @@ def _fp16_to_f32(typingctx, h):
         return None
 
     def codegen(context, builder, sig, args):
-        o = _Ops(builder)
-        x = builder.zext(args[0], _I32)
-        sign = o.shl(o.and_(x, 0x8000), 16)
-        em = o.shl(o.and_(x, 0x7FFF), 13)  # exponent and mantissa at their float32 positions
-        e = o.and_(x, 0x7C00)
-        normal = o.add(em, (127 - 15) << 23)  # rebias
-        infnan = o.add(em, (255 - 31) << 23)  # exponent 0xFF, payload kept (not quieted)
-        # subnormal m * 2^-24 = (1 + m/1024) * 2^-14 - 2^-14: normal operands, exact result
-        sub = o.as_u32(builder.fsub(o.as_f32(o.add(em, 113 << 23)), ir.Constant(_F32, 2.0**-14)))
-        bits = o.select(o.cmp("==", e, 0x7C00), infnan, normal)
-        bits = o.select(o.cmp("==", e, 0), sub, bits)
-        return o.as_f32(o.or_(bits, sign))
+        return fp16_value_ir(builder, args[0])
 
     return types.float32(types.int16), codegen
 
@@ -312,24 +377,7 @@ def _f32_to_fp16(typingctx, f):
         return None
 
     def codegen(context, builder, sig, args):
-        o = _Ops(builder)
-        b = o.as_u32(args[0])
-        sign = o.and_(o.shr(b, 16), 0x8000)
-        a = o.and_(b, 0x7FFFFFFF)
-        # |f| >= 2^-14: rebias, round the 13 dropped bits to nearest even (carry may reach Inf)
-        normal = o.shr(o.add(o.add(o.sub(a, (127 - 15) << 23), 0xFFF), o.and_(o.shr(a, 13), 1)), 13)
-        # |f| < 2^-14: one float addition of 0.5 (whose ulp is 2^-24, the fp16 subnormal step)
-        # rounds |f| to nearest even at that step; the bits above 0.5's are the fp16 bits
-        # (0..0x400, where 0x400 is the smallest normal, also right)
-        added = builder.fadd(o.as_f32(a), ir.Constant(_F32, 0.5))
-        sub = o.sub(o.as_u32(added), 0x3F000000)
-        # NaN (NumPy): top 10 payload bits, and 1 if those are all zero so it stays NaN
-        payload = o.and_(o.shr(a, 13), 0x3FF)
-        nan = o.or_(o.select(o.cmp("==", payload, 0), 1, payload), 0x7C00)
-        r = o.select(o.cmp("<", a, 113 << 23), sub, normal)
-        r = o.select(o.cmp(">=", a, 0x477FF000), 0x7C00, r)  # 65520 (tie 65504|65536) -> Inf
-        r = o.select(o.cmp(">", a, 0x7F800000), nan, r)
-        return builder.trunc(o.or_(r, sign), _I16)
+        return fp16_bits_ir(builder, args[0])
 
     return types.int16(types.float32), codegen
 
