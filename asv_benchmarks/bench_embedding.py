@@ -8,7 +8,10 @@ slower than ``torch.nn.functional.embedding``.
 - ``track_vs_copy``: copy time / gather time, alternating runs; the peer copies the output's
   bytes (reads and writes out.nbytes: the bytes gather moves, bar the ids). Fresh result per call.
 - ``track_vs_copy_out``: the same with a reused ``out=`` array (no page faults of a fresh result,
-  as the copy peer reuses its destination).
+  as the copy peer reuses its destination). NumPy puts large arrays 16 bytes past a line here,
+  this one and the weight alike, so each whole output line comes from one weight line (the
+  gather places its own fresh results so; at another offset every load straddles two lines:
+  ~0.85x).
 - ``track_vs_torch``: torch.nn.functional.embedding time / gather time (> 1: we are faster).
 
 Only 16-bit weights at full size (622 MB); fp32 would need 1.2 GB on a shared 2-core machine.
