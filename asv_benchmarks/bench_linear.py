@@ -8,7 +8,7 @@ weights: the ratio to ``torch.nn.functional.linear`` on bf16 is reported.
 - ``track_gm_bytes``: the plan's modelled GM traffic (read + write; deterministic).
 - ``track_vs_numpy`` (fp32, M=2048): NumPy time / fused_bias time, alternating runs in the same
   process (> 1: we are faster). NumPy's BLAS uses its own threads; ours runs one BLAS thread per
-  prange task, each task a group of cube blocks of about 512 x 512 outputs (see
+  prange task, each task a group of cube blocks of about 1024 x 1024 outputs (see
   pypto_numba.machine.cube: the counts stay per block).
 - ``track_decode_vs_copy`` (M in {1, 8}): the weight is the traffic that matters at decode, so
   the peer is a numba prange copy that moves the weight's bytes in total (reads w.nbytes/2,
