@@ -649,9 +649,10 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
     vectors, then the < 16-element rest in plain code. Rows of ``a`` left over take 1 x 4 blocks
     (:func:`dot1x4`: M=1 decode with bf16 weights 1.18x faster than a plain loop per weight row);
     weight rows left over use plain loops. The first 4-row pass over each four weight rows
-    prefetches them SKINNY_AHEAD elements ahead (a hint past a row's end reads nothing). With 8 rows of ``a`` (128 KiB at K = 4096, from L2) the 4 x 2 blocks alone ran at
-    ~11 GB/s of weight whether the weight came from DRAM or from cache: bound by the re-reads of
-    ``a``, not by memory. ``res``: 16 fp32 scratch slots. Every sum is serial within the task;
+    prefetches them SKINNY_AHEAD elements ahead (a hint past a row's end reads nothing). With 8
+    rows of ``a`` (128 KiB at K = 4096, from L2) the 4 x 2 blocks alone ran at ~11 GB/s of
+    weight whether the weight came from DRAM or from cache: bound by the re-reads of ``a``, not
+    by memory. ``res``: 16 fp32 scratch slots. Every sum is serial within the task;
     uint64 indices (module docstring).
     """
     ku = np.uint64(k)
