@@ -46,8 +46,11 @@ kernel could use. With the default ``token_tile`` the plan lowers T until the ti
 in ``plan.params["token_tile"]``); an explicit ``token_tile`` that does not fit is a TileError.
 
 On the CPU each head row's D results are computed into a small per-thread staging row (the out
-tile in UB) and written out at once. A task's output (T tokens x H x D) is one contiguous run of
-out; for outputs of >= ``STREAM_MIN_BYTES`` (4 MiB) every whole 64-byte line of that run is
+tile in UB) by one LLVM IR loop for every dtype (:func:`_rotate`: 16-lane steps, exact widening
+on load, one rounding on store), and written out at once. fp32 rope alone on line-aligned head
+rows skips the staging: each row goes from registers to GM, and a task walks its T tokens head
+row by head row across the tokens, keeping T line streams in flight (:func:`_rotate_tokens`).
+A task's output (T tokens x H x D) is one contiguous run of out; for outputs of >= ``STREAM_MIN_BYTES`` (4 MiB) every whole 64-byte line of that run is
 written with a streaming (non-temporal) store -- the partial line between two head rows is
 carried over in the staging row, only the partial lines at the task's two ends get plain stores
 -- which skips the read-for-ownership of the destination lines that otherwise costs a third of

@@ -52,8 +52,10 @@ CPU implementation (what makes it fast, none of it changes the NPU semantics abo
 - Skinny M (decode, ``M < SKINNY_M`` = 16 by default, fp32 from ``SKINNY_MIN_F32`` = 4 rows):
   hand-written loops instead of BLAS. Per
   kL1 step, every weight row of the block is streamed once against all rows of ``a`` in register
-  blocks of 4 rows of ``a`` x 4 weight rows (:func:`gemv_rows`; 16-bit weights widened on the
-  fly), one fp32 partial sum per L0C value and kL1 step; same walk, same counts. BLAS's gemm with
+  blocks of 4 rows of ``a`` x 4 weight rows, 1 x 4 for the rows of ``a`` left over
+  (:func:`gemv_rows`; 16-bit weights widened on the fly; ``SKINNY_ROWS`` weight rows streamed
+  side by side, prefetched ahead), one fp32 partial sum per L0C value and kL1 step; same walk,
+  same counts. BLAS's gemm with
   a tiny M packs each weight panel (read, write, read again) before using it: measured on the
   2-core test machine (K = N = 4096), M = 8 streamed the weight at 0.32x (fp32) and 0.49x (bf16)
   of copy bandwidth through BLAS.
