@@ -220,20 +220,18 @@ def _rotate(typingctx, src, s_off, dst, d_off, cf, sf, half):
         # _rotation_loop's argument order: (dst, d_off, src, s_off, cf, sf, c_off, half)
         lsig = types.void(sig.args[2], _U64, sig.args[0], _U64, sig.args[4], sig.args[5], _U64, _U64)
         largs = [dst_, d_off_, src_, s_off_, cf_, sf_, ir.Constant(h.type, 0), h]
-        for lanes in (V16, 1):
-            ety = context.get_data_type(kind)
+        ety = context.get_data_type(kind)
+        nv = builder.udiv(h, ir.Constant(h.type, V16))
+        done = builder.mul(nv, ir.Constant(h.type, V16))
+        # 16-lane steps, then the rest of each half one element at a time
+        for lanes, start, count in ((V16, ir.Constant(h.type, 0), nv), (1, done, builder.sub(h, done))):
             vty = ety if lanes == 1 else ir.VectorType(ety, lanes)
 
             def store(arr, off, val, vty=vty, lanes=lanes):
                 ptr = builder.bitcast(builder.gep(arr.data, [off]), vty.as_pointer())
                 builder.store(dtypes.narrow_ir(builder, val, kind, lanes), ptr, align=1)
 
-            nv = builder.udiv(h, ir.Constant(h.type, V16))
-            done = builder.mul(nv, ir.Constant(h.type, V16))
-            if lanes == V16:
-                _rotation_loop(context, builder, lsig, largs, store, lanes, ir.Constant(h.type, 0), nv)
-            else:
-                _rotation_loop(context, builder, lsig, largs, store, 1, done, builder.sub(h, done))
+            _rotation_loop(context, builder, lsig, largs, store, lanes, start, count)
         return context.get_dummy_value()
 
     return types.void(src, _U64, dst, _U64, cf, sf, _U64), codegen

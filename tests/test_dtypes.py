@@ -18,7 +18,10 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from pypto_numba.machine import dtypes as D
 from pypto_numba.machine.jit import kernel
@@ -359,47 +362,30 @@ def test_convert_loops_vectorise(src, dst):
 
 
 def _vector_converters():
-    from llvmlite import ir
-    from numba import types
-    from numba.extending import intrinsic
+    """(widen_all, narrow_all): njit functions applying widen_ir / narrow_ir in 16-lane vectors."""
 
-    @intrinsic
-    def vec_widen(typingctx, src, dst, n16):
-        def codegen(context, builder, sig, args):
-            s = context.make_array(sig.args[0])(context, builder, args[0])
-            d = context.make_array(sig.args[1])(context, builder, args[1])
-            kind = sig.args[0].dtype
-            rty = ir.VectorType(context.get_data_type(kind), 16)
-            fty = ir.VectorType(ir.FloatType(), 16)
-            from numba.core import cgutils
+    def converter(widen):
+        @intrinsic
+        def convert(typingctx, src, dst, n16):
+            def codegen(context, builder, sig, args):
+                s = context.make_array(sig.args[0])(context, builder, args[0])
+                d = context.make_array(sig.args[1])(context, builder, args[1])
+                kind = sig.args[0 if widen else 1].dtype  # the 16-bit side
+                raw = ir.VectorType(context.get_data_type(kind), 16)
+                f32 = ir.VectorType(ir.FloatType(), 16)
+                src_ty, dst_ty = (raw, f32) if widen else (f32, raw)
+                with cgutils.for_range(builder, args[2]) as loop:
+                    off = builder.mul(loop.index, ir.Constant(ir.IntType(64), 16))
+                    val = builder.load(builder.bitcast(builder.gep(s.data, [off]), src_ty.as_pointer()), align=1)
+                    val = (D.widen_ir if widen else D.narrow_ir)(builder, val, kind, 16)
+                    builder.store(val, builder.bitcast(builder.gep(d.data, [off]), dst_ty.as_pointer()), align=1)
+                return context.get_dummy_value()
 
-            with cgutils.for_range(builder, args[2]) as loop:
-                off = builder.mul(loop.index, ir.Constant(ir.IntType(64), 16))
-                raw = builder.load(builder.bitcast(builder.gep(s.data, [off]), rty.as_pointer()), align=1)
-                val = D.widen_ir(builder, raw, kind, 16)
-                builder.store(val, builder.bitcast(builder.gep(d.data, [off]), fty.as_pointer()), align=1)
-            return context.get_dummy_value()
+            return types.void(src, dst, types.uint64), codegen
 
-        return types.void(src, dst, types.uint64), codegen
+        return convert
 
-    @intrinsic
-    def vec_narrow(typingctx, src, dst, n16):
-        def codegen(context, builder, sig, args):
-            s = context.make_array(sig.args[0])(context, builder, args[0])
-            d = context.make_array(sig.args[1])(context, builder, args[1])
-            kind = sig.args[1].dtype
-            rty = ir.VectorType(context.get_data_type(kind), 16)
-            fty = ir.VectorType(ir.FloatType(), 16)
-            from numba.core import cgutils
-
-            with cgutils.for_range(builder, args[2]) as loop:
-                off = builder.mul(loop.index, ir.Constant(ir.IntType(64), 16))
-                val = builder.load(builder.bitcast(builder.gep(s.data, [off]), fty.as_pointer()), align=1)
-                raw = D.narrow_ir(builder, val, kind, 16)
-                builder.store(raw, builder.bitcast(builder.gep(d.data, [off]), rty.as_pointer()), align=1)
-            return context.get_dummy_value()
-
-        return types.void(src, dst, types.uint64), codegen
+    vec_widen, vec_narrow = converter(True), converter(False)
 
     @njit
     def widen_all(src, dst):

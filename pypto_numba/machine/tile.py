@@ -37,6 +37,20 @@ VEC_BYTES = 32  # one AVX vector: the unit of stream_copy
 LINE = 64  # bytes: one cache line, the unit of stream_lines
 
 
+def _stream_loop(builder, dst_ptr, src_ptr, nbytes, width, src_align):
+    """IR: copy ``nbytes // width`` vectors of ``width`` bytes from ``src_ptr`` to ``dst_ptr``
+    with streaming (non-temporal) stores; ``dst_ptr`` must be ``width``-aligned."""
+    vec = ir.VectorType(ir.IntType(32), width // 4)
+    dp = builder.bitcast(dst_ptr, vec.as_pointer())
+    sp = builder.bitcast(src_ptr, vec.as_pointer())
+    count = builder.udiv(nbytes, ir.Constant(nbytes.type, width))
+    nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+    with cgutils.for_range(builder, count) as loop:
+        v = builder.load(builder.gep(sp, [loop.index]), align=src_align)
+        store = builder.store(v, builder.gep(dp, [loop.index]), align=width)
+        store.set_metadata("nontemporal", nontemporal)
+
+
 @intrinsic
 def streamcopy(typingctx, dst, src, nbytes):
     """Copy the first ``nbytes`` (a multiple of 32) of ``src`` to ``dst`` with streaming stores.
@@ -55,15 +69,7 @@ def streamcopy(typingctx, dst, src, nbytes):
     def codegen(context, builder, sig, args):
         d = context.make_array(sig.args[0])(context, builder, args[0])
         s = context.make_array(sig.args[1])(context, builder, args[1])
-        vec = ir.VectorType(ir.IntType(32), VEC_BYTES // 4)
-        dp = builder.bitcast(d.data, vec.as_pointer())
-        sp = builder.bitcast(s.data, vec.as_pointer())
-        count = builder.udiv(args[2], ir.Constant(args[2].type, VEC_BYTES))
-        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        with cgutils.for_range(builder, count) as loop:
-            v = builder.load(builder.gep(sp, [loop.index]), align=4)
-            store = builder.store(v, builder.gep(dp, [loop.index]), align=VEC_BYTES)
-            store.set_metadata("nontemporal", nontemporal)
+        _stream_loop(builder, d.data, s.data, args[2], VEC_BYTES, 4)
         return context.get_dummy_value()
 
     return types.void(dst, src, types.intp), codegen
@@ -84,15 +90,7 @@ def stream_lines(typingctx, dst, d_off, src, s_off, nbytes):
     def codegen(context, builder, sig, args):
         d = context.make_array(sig.args[0])(context, builder, args[0])
         s = context.make_array(sig.args[2])(context, builder, args[2])
-        vec = ir.VectorType(ir.IntType(32), LINE // 4)
-        dp = builder.bitcast(builder.gep(d.data, [args[1]]), vec.as_pointer())
-        sp = builder.bitcast(builder.gep(s.data, [args[3]]), vec.as_pointer())
-        count = builder.udiv(args[4], ir.Constant(args[4].type, LINE))
-        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        with cgutils.for_range(builder, count) as loop:
-            v = builder.load(builder.gep(sp, [loop.index]), align=1)
-            store = builder.store(v, builder.gep(dp, [loop.index]), align=LINE)
-            store.set_metadata("nontemporal", nontemporal)
+        _stream_loop(builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], LINE, 1)
         return context.get_dummy_value()
 
     return types.void(dst, types.uint64, src, types.uint64, types.uint64), codegen
