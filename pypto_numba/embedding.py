@@ -47,10 +47,10 @@ from . import inputs
 from .errors import DTypeError, ShapeError
 from .machine import dtypes
 from .machine.jit import device, kernel
-from .machine.memo import memo_plan
+from .machine.memo import CallMemo, memo_plan
 from .machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
 from .machine.profile import load_profile
-from .machine.tile import LINE, STREAM_MIN_BYTES, address, empty_in_phase, scratch, store_fence, stream_lines
+from .machine.tile import LINE, STREAM_MIN_BYTES, ScratchPool, address, empty_in_phase, store_fence, stream_lines
 from .strategy import Launch, register
 
 ID_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
@@ -316,6 +316,12 @@ def _check_ids(ids, vocab: int, where: str):
     if not ids.flags.c_contiguous:
         ids = np.ascontiguousarray(ids)
         copied = ids.nbytes
+    _check_id_range(ids, vocab, where)
+    return ids, name, copied
+
+
+def _check_id_range(ids, vocab: int, where: str):
+    """IndexError naming the first id (C order) of contiguous ``ids`` outside ``[0, vocab)``."""
     flat = int(_first_bad_id(ids.reshape(-1), vocab))
     if flat >= 0:
         pos = tuple(int(i) for i in np.unravel_index(flat, ids.shape))
@@ -324,10 +330,41 @@ def _check_ids(ids, vocab: int, where: str):
             f"{where}: ids{list(pos)} = {value} is out of range [0, {vocab}) for weight with "
             f"V = {vocab} rows (first bad id in C order)"
         )
-    return ids, name, copied
 
 
-def _run(strategy, weight, ids, profile, row_tile, h_tile, out=None):
+class _Call:
+    """What an embedding call derives from its signature (kept per signature in ``_CALLS``; see
+    :class:`~pypto_numba.machine.memo.CallMemo`): everything but the ids' range and out's memory."""
+
+    __slots__ = ("where", "plan", "V", "H", "view", "shapes", "scratch")
+
+    def __init__(self, where, plan, weight_shape, ids_shape, view):
+        self.where, self.plan, self.view = where, plan, view
+        self.V, self.H = weight_shape
+        self.shapes = (weight_shape, ids_shape)
+        self.scratch = ScratchPool((LINE // np.dtype(view).itemsize, view))
+
+
+_CALLS = CallMemo()
+
+
+def _call(strategy, weight, ids, profile, row_tile, h_tile, out):
+    """Run one call: its signature's part from ``_CALLS`` when an earlier call had the same one,
+    else from the full validation (which then keeps it). The ids' range is checked every time."""
+    key = _CALLS.key(profile, (weight, ids, out), (strategy, row_tile, h_tile))
+    c = _CALLS.get(key)
+    if c is not None:
+        _check_id_range(ids, c.V, c.where)
+        return _launch(c, weight, ids, out, 0)
+    c, weight, ids, copied = _prepare(strategy, weight, ids, profile, row_tile, h_tile, out)
+    if not copied:
+        _CALLS.put(key, c)
+    return _launch(c, weight, ids, out, copied)
+
+
+def _prepare(strategy, weight, ids, profile, row_tile, h_tile, out):
+    """Validate a call in full -> (its :class:`_Call`, the contiguous weight and ids, the bytes
+    copied to make them contiguous)."""
     where = f"embedding.{strategy}"
     wt = inputs.tensor(weight, "weight", where, min_rank=2, max_rank=2)
     if strategy == "index_select" and isinstance(ids, np.ndarray) and ids.ndim not in (1, 2):
@@ -337,27 +374,40 @@ def _run(strategy, weight, ids, profile, row_tile, h_tile, out=None):
         )
     ids, ids_dtype, ids_copied = _check_ids(ids, wt.shape[0], where)
     p = _plan(strategy, wt.shape, ids.shape, wt.dtype, ids_dtype, profile, row_tile, h_tile)
-    h = wt.shape[1]
+    c = _Call(where, p, wt.shape, ids.shape, _COPY_VIEW[wt.dtype])
+    if out is not None and not (isinstance(out, np.ndarray) and out.shape == ids.shape + (c.H,)
+                                and out.dtype == wt.array.dtype and out.flags.c_contiguous):
+        _bad_out(c, wt.array, ids, out)
+    return c, wt.array, ids, wt.copied_bytes + ids_copied
+
+
+def _bad_out(c, weight, ids, out):
+    raise ShapeError(
+        f"{c.where}: out must be a C-contiguous {weight.dtype} array of shape {ids.shape + (c.H,)}, "
+        f"writeable and not overlapping weight, "
+        f"got {getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}"
+    )
+
+
+def _launch(c, weight, ids, out, copied):
+    """Run the kernel of a prepared call on arrays of its signature (``out=None``: a new result)."""
+    h = c.H
     if out is None:
-        out = empty_in_phase(ids.shape + (h,), dtypes.STORAGE[wt.dtype], wt.array)
-    elif not (isinstance(out, np.ndarray) and out.shape == ids.shape + (h,)
-              and out.dtype == wt.array.dtype and out.flags.c_contiguous and out.flags.writeable
-              and not np.may_share_memory(out, wt.array)):
-        raise ShapeError(
-            f"{where}: out must be a C-contiguous {wt.array.dtype} array of shape {ids.shape + (h,)}, "
-            f"writeable and not overlapping weight, "
-            f"got {getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}"
-        )
-    view = _COPY_VIEW[wt.dtype]
-    out_k = out.view(view).reshape(-1, h)
+        out = empty_in_phase(ids.shape + (h,), weight.dtype, weight)
+    elif not out.flags.writeable or np.may_share_memory(out, weight):
+        _bad_out(c, weight, ids, out)
+    out_k = out.view(c.view).reshape(-1, h)
     # stream whole lines when each task's output is a contiguous run of whole rows and the
     # result is too large to be re-read from cache (module attribute: tests lower it)
     size = out_k.itemsize
+    p = c.plan
     stream = bool(p.params["h_tile"] >= h and out_k.nbytes >= STREAM_MIN_BYTES and address(out_k) % size == 0)
-    with Launch(p, [wt.shape, ids.shape]) as run:
-        run.count(_gather_kernel(wt.array.view(view), ids.reshape(-1), out_k,
-                                 p.params["row_tile"], p.params["h_tile"], stream, scratch(LINE // size, view)))
-        run.workspace(wt.copied_bytes + ids_copied)
+    slabs = c.scratch.take()
+    with Launch(p, c.shapes) as run:
+        run.count(_gather_kernel(weight.view(c.view), ids.reshape(-1), out_k,
+                                 p.params["row_tile"], p.params["h_tile"], stream, *slabs))
+        run.workspace(copied)
+    c.scratch.give(slabs)
     return out
 
 
@@ -368,10 +418,10 @@ def gather(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None):
     ``out``: optional preallocated result (C-contiguous, the weight's dtype, ``[*ids.shape, H]``);
     reusing it saves the page faults of a fresh result (~10-20 ms for 64 MB on this machine).
     """
-    return _run("gather", weight, ids, profile, row_tile, h_tile, out)
+    return _call("gather", weight, ids, profile, row_tile, h_tile, out)
 
 
 @register("embedding", "index_select", plan=plan_index_select, summary="index_select rows by 1-D/2-D ids")
 def index_select(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None):
     """``weight[ids]`` for 1-D or 2-D ``ids`` (higher rank: use :func:`gather`); ``out`` as gather."""
-    return _run("index_select", weight, ids, profile, row_tile, h_tile, out)
+    return _call("index_select", weight, ids, profile, row_tile, h_tile, out)

@@ -126,9 +126,17 @@ def output(where: str, xt: Tensor, out):
         raise DTypeError(f"{where}: out must be a numpy array of x's dtype ({xt.dtype}), got {got}")
     if out.shape != xt.shape:
         raise ShapeError(f"{where}: out must have x's shape {xt.shape}, got {out.shape}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
+    if not out.flags.c_contiguous:
         raise ConstraintError(f"{where}: out must be a writeable C-contiguous array")
-    same = tile.address(out) == tile.address(xt.array)
-    if not same and np.may_share_memory(out, xt.array):
-        raise ConstraintError(f"{where}: out overlaps x partially; pass out=x (in place) or a separate array")
+    check_out_memory(where, xt.array, out)
     return out, dtypes.kernel_view(out)
+
+
+def check_out_memory(where: str, x: np.ndarray, out: np.ndarray):
+    """What ``out=`` must satisfy beyond its signature (shape, strides, dtype): writeable, and x
+    itself or apart from x. A strategy that kept the rest of its checks for the signature
+    (:class:`~pypto_numba.machine.memo.CallMemo`) still runs this on every call."""
+    if not out.flags.writeable:
+        raise ConstraintError(f"{where}: out must be a writeable C-contiguous array")
+    if tile.address(out) != tile.address(x) and np.may_share_memory(out, x):
+        raise ConstraintError(f"{where}: out overlaps x partially; pass out=x (in place) or a separate array")

@@ -84,13 +84,12 @@ from . import inputs
 from .errors import ConstraintError, DTypeError, ShapeError
 from .machine import dtypes
 from .machine.jit import device, kernel
-from .machine.memo import memo_plan
+from .machine.memo import CallMemo, memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_tile
 from .machine import tile
 from .machine.profile import load_profile
-from .machine.tile import LINE, STREAM_MIN_BYTES, stream_lines
+from .machine.tile import LINE, STREAM_MIN_BYTES, ScratchPool, stream_lines
 from .machine.tile import copy as _copy
-from .machine.tile import scratch as _scratch
 from .machine.tile import store_fence as _store_fence
 from .strategy import Launch, register
 
@@ -791,7 +790,39 @@ def _streamable(out_k):
 _DUMMY = {name: np.zeros((1, 2), dt) for name, dt in dtypes.KERNEL.items()}
 
 
-def _run_norm_rope(kind, x, weight, cos, sin, eps, profile, token_tile, out):
+class _Call:
+    """What a rope call derives from its signature: its plan, geometry and kernel constants
+    (kept per signature in ``_CALLS``; see :class:`~pypto_numba.machine.memo.CallMemo`)."""
+
+    __slots__ = ("kind", "where", "plan", "S", "H", "D", "R", "T", "cbase", "dtype", "kdt", "eps", "shapes", "scratch")
+
+    def __init__(self, kind, where, plan, geometry, cbase, dtype, eps, shapes, scratch):
+        self.kind, self.where, self.plan = kind, where, plan
+        _, self.S, self.H, self.D, self.R = geometry
+        self.T = plan.params["token_tile"]
+        self.cbase, self.dtype, self.kdt = cbase, dtype, dtypes.KERNEL[dtype]
+        self.eps, self.shapes, self.scratch = eps, shapes, scratch
+
+
+_CALLS = CallMemo()
+
+
+def _call(kind, x, weight, cos, sin, eps, profile, token_tile, out):
+    """Run one rope call: what its signature determines comes from ``_CALLS`` when an earlier
+    call had the same one, else from the full validation (which then keeps it)."""
+    key = _CALLS.key(profile, (x, weight, cos, sin, out), (kind, eps, token_tile))
+    c = _CALLS.get(key)
+    if c is not None:
+        return _launch(c, x, weight, cos, sin, out, 0)
+    c, arrays, copied = _prepare(kind, x, weight, cos, sin, eps, profile, token_tile, out)
+    if not copied:
+        _CALLS.put(key, c)
+    return _launch(c, *arrays, out, copied)
+
+
+def _prepare(kind, x, weight, cos, sin, eps, profile, token_tile, out):
+    """Validate a call in full -> (its :class:`_Call`, the contiguous arrays the kernel reads
+    (x, weight, cos, sin; None where unused), the bytes copied to make them contiguous)."""
     where = f"rope.{kind}"
     norm = kind in ("rmsnorm", "fused_rmsnorm")
     rope = kind != "rmsnorm"
@@ -803,34 +834,57 @@ def _run_norm_rope(kind, x, weight, cos, sin, eps, profile, token_tile, out):
         wt = _weight(where, xt, weight)
         eps = _eps(eps, where)
     p = _plan(kind, xt.shape, ct.shape if rope else None, xt.dtype, profile, token_tile)
-    n_lead, S, H, D, R = _geometry(where, xt.shape, ct.shape if rope else None, rope=rope, norm_only=not rope)
-    result, out_k = inputs.output(where, xt, out)
-    dummy = _DUMMY[xt.dtype]
-    if rope:
-        cbase = _table_rows(xt.shape, ct.shape, S)
-        ck, sk = ct.kview.reshape(-1, R), st.kview.reshape(-1, R)
+    geometry = _geometry(where, xt.shape, ct.shape if rope else None, rope=rope, norm_only=not rope)
+    n_lead, S, H, D, R = geometry
+    if out is not None:
+        inputs.output(where, xt, out)
+    cbase = _table_rows(xt.shape, ct.shape, S) if rope else np.zeros(n_lead, np.int64)
+    staged = (D + LINE // dtypes.itemsize(xt.dtype), dtypes.KERNEL[xt.dtype])
+    if kind == "interleaved":
+        # x_even, x_odd, cos_even, cos_odd, sin_even, sin_odd, y_even, y_odd (fp32), and the
+        # staged output head row (+ a carried line)
+        scratch = ScratchPool((R // 2, np.float32, 8), staged)
+    else:  # fp32 row, weight, cos, sin; and the staged output head row (+ a carried line)
+        scratch = ScratchPool((max(D, R), np.float32, 4), staged)
+    shapes = [a.shape for a in (xt, wt, ct, st) if a is not None]
+    c = _Call(kind, where, p, geometry, cbase, xt.dtype, float(eps if norm else 0.0), shapes, scratch)
+    copied = xt.copied_bytes + sum(a.copied_bytes for a in (wt, ct, st) if a is not None)
+    arrays = [None if a is None else a.array for a in (xt, wt, ct, st)]
+    return c, arrays, copied
+
+
+def _launch(c, x, weight, cos, sin, out, copied):
+    """Run the kernel of a prepared call on arrays of its signature (``out=None``: a new result)."""
+    H, D, R, kdt = c.H, c.D, c.R, c.kdt
+    if out is None:
+        result, out_k = tile.aligned_empty(x.shape, c.dtype)
     else:
-        cbase = np.zeros(n_lead, np.int64)
-        ck = sk = dummy
-    wk = wt.kview if norm else dummy[0]
+        inputs.check_out_memory(c.where, x, out)
+        result, out_k = out, out.view(kdt)
+    rope = c.kind != "rmsnorm"
+    dummy = _DUMMY[c.dtype]
+    ck = cos.view(kdt).reshape(-1, R) if rope else dummy
+    sk = sin.view(kdt).reshape(-1, R) if rope else dummy
+    xk = x.view(kdt).reshape(-1, H * D)
+    ok = out_k.reshape(-1, H * D)
     stream = _streamable(out_k)
-    line = LINE // out_k.itemsize
-    # fp32 rope alone, with every head row (and its second rotary half) starting on a line
-    direct = bool(stream and rope and not norm and xt.dtype == "fp32" and tile.address(out_k) % LINE == 0
-                  and D % line == 0 and (R // 2) % line == 0)
-    with Launch(p, [a.shape for a in (xt, wt, ct, st) if a is not None]) as run:
-        run.count(
-            _norm_rope_kernel(
-                xt.kview.reshape(-1, H * D), wk, ck, sk, cbase, out_k.reshape(-1, H * D),
-                S, H, p.params["token_tile"], float(eps if norm else 0.0), norm, rope,
-                int(xt.dtype != "fp32"), stream, direct,
-                # per-thread scratch, allocated once per call: fp32 row, weight, cos, sin; and
-                # the staged output token (H*D in the storage dtype)
-                _scratch(max(D, R), np.float32, 4),
-                _scratch(D + LINE // out_k.itemsize, out_k.dtype),
-            )
-        )
-        run.workspace(xt.copied_bytes + sum(a.copied_bytes for a in (wt, ct, st) if a is not None))
+    cast = int(c.dtype != "fp32")
+    slabs = c.scratch.take()
+    with Launch(c.plan, c.shapes) as run:
+        if c.kind == "interleaved":
+            counted = _interleaved_kernel(xk, ck, sk, c.cbase, ok, c.S, H, c.T, cast, stream, *slabs)
+        else:
+            norm = c.kind != "standard"
+            # fp32 rope alone, with every head row (and its second rotary half) starting on a line
+            line = LINE // out_k.itemsize
+            direct = bool(stream and rope and not norm and c.dtype == "fp32" and tile.address(out_k) % LINE == 0
+                          and D % line == 0 and (R // 2) % line == 0)
+            wk = weight.view(kdt) if norm else dummy[0]
+            counted = _norm_rope_kernel(xk, wk, ck, sk, c.cbase, ok, c.S, H, c.T, c.eps, norm, rope, cast,
+                                        stream, direct, *slabs)
+        run.count(counted)
+        run.workspace(copied)
+    c.scratch.give(slabs)
     return result
 
 
@@ -843,7 +897,7 @@ def standard(x, cos, sin, *, profile=None, token_tile=None, out=None):
     profile's ``rope_token_tile``, lowered until the tiles fit UB); ``out=``: write the result
     there (x's shape and dtype; ``out=x`` works in place).
     """
-    return _run_norm_rope("standard", x, None, cos, sin, 0.0, profile, token_tile, out)
+    return _call("standard", x, None, cos, sin, 0.0, profile, token_tile, out)
 
 
 @register("rope", "rmsnorm", plan=plan_rmsnorm, summary="per-head RMSNorm over D, one vector kernel (then apply a rope strategy)")
@@ -852,7 +906,7 @@ def rmsnorm(x, weight, eps=1e-6, *, profile=None, token_tile=None, out=None):
 
     ``x[..., S, H, D]`` (also ``x[S, D]``, ``x[D]``), ``weight[D]``. Options as :func:`standard`.
     """
-    return _run_norm_rope("rmsnorm", x, weight, None, None, eps, profile, token_tile, out)
+    return _call("rmsnorm", x, weight, None, None, eps, profile, token_tile, out)
 
 
 @register("rope", "fused_rmsnorm", plan=plan_fused_rmsnorm, summary="Qwen3 q/k RMSNorm + split-half RoPE in one kernel, fp32 between")
@@ -862,7 +916,7 @@ def fused_rmsnorm(x, weight, cos, sin, eps=1e-6, *, profile=None, token_tile=Non
     Saves one kernel and one GM round trip of x (write + read of the normed tensor) over
     :func:`rmsnorm` followed by :func:`standard`. Options as :func:`standard`.
     """
-    return _run_norm_rope("fused_rmsnorm", x, weight, cos, sin, eps, profile, token_tile, out)
+    return _call("fused_rmsnorm", x, weight, cos, sin, eps, profile, token_tile, out)
 
 
 @register("rope", "interleaved", plan=plan_interleaved, summary="GPT-J pairs via gathermask even/odd split, output interleaved")
@@ -874,27 +928,7 @@ def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None):
     cos and sin into even/odd halves (gathermask modes 1/2) in fp32, but it assembles the result
     back into the input's interleaved layout. Options as :func:`standard`.
     """
-    where = "rope.interleaved"
-    xt = inputs.tensor(x, "x", where)
-    ct, st = _tables(where, xt, cos, sin)
-    p = _plan("interleaved", xt.shape, ct.shape, xt.dtype, profile, token_tile)
-    n_lead, S, H, D, R = _geometry(where, xt.shape, ct.shape)
-    result, out_k = inputs.output(where, xt, out)
-    cbase = _table_rows(xt.shape, ct.shape, S)
-    with Launch(p, [xt.shape, ct.shape, st.shape]) as run:
-        run.count(
-            _interleaved_kernel(
-                xt.kview.reshape(-1, H * D), ct.kview.reshape(-1, R), st.kview.reshape(-1, R), cbase,
-                out_k.reshape(-1, H * D), S, H, p.params["token_tile"], int(xt.dtype != "fp32"),
-                _streamable(out_k),
-                # per-thread scratch: x_even, x_odd, cos_even, cos_odd, sin_even, sin_odd,
-                # y_even, y_odd (fp32), and the staged output head row (+ a carried line)
-                _scratch(R // 2, np.float32, 8),
-                _scratch(D + LINE // out_k.itemsize, out_k.dtype),
-            )
-        )
-        run.workspace(xt.copied_bytes + ct.copied_bytes + st.copied_bytes)
-    return result
+    return _call("interleaved", x, None, cos, sin, 0.0, profile, token_tile, out)
 
 
 def cos_sin(positions, rot_dim, theta=10000.0, dtype=np.float32, *, profile=None, token_tile=None):

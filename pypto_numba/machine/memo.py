@@ -95,3 +95,71 @@ def memo_plan(fn):
     cached.cache_clear = cache.clear
     cached.uncached = fn
     return cached
+
+
+class CallMemo:
+    """What a strategy derives from a call's *signature*, kept per signature.
+
+    A call validates its arguments, looks up its plan and derives its kernel's constants (tile
+    sizes, table offsets, scratch shapes) from shapes, dtypes and options alone. That Python work
+    costs ~100 us, and ~400 us right after a large kernel has flushed the caches (a rope call on
+    x[4096, 32, 128]: 7 % of it; a decode-sized call: nearly all of it). A strategy keeps what it
+    derived under :meth:`key` -- every array by (shape, strides, dtype), every option by value, the
+    profile the call resolves to -- and a later call with the same signature only redoes what
+    depends on the data: its views, the checks of ``out=``'s memory, the launch.
+
+    Only exact ``numpy.ndarray`` arguments have a signature (a subclass, e.g. a masked array, or a
+    list makes :meth:`key` return None: that call is validated in full, every time), and a strategy
+    keeps an entry only for a call whose arrays it used as they are (no contiguous copy). A call
+    that raises keeps nothing, so the next one raises the same error. Entries are dropped oldest
+    first beyond ``maxsize``; ``get`` and ``put`` are safe from several threads.
+    """
+
+    def __init__(self, maxsize: int = MAX_PLANS):
+        self.maxsize = maxsize
+        self._entries: dict = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(profile, arrays, options=()):
+        """The signature of a call (hashable), or None when it has none (see the class).
+
+        ``arrays``: the call's array arguments (None for an absent optional one, e.g. ``out``);
+        ``options``: its other arguments (ints, floats, strings, tuples, None)."""
+        try:
+            prof = load_profile(profile)
+        except Exception:
+            return None  # the full path raises the profile's error
+        key = [id(prof)]  # an entry's plan holds its profile, so the id() stays unique
+        for a in arrays:
+            if type(a) is np.ndarray:
+                key.append((a.shape, a.strides, a.dtype))
+            elif a is None:
+                key.append(None)
+            else:
+                return None
+        try:
+            key.append(_freeze(tuple(options)))
+        except _Unhashable:
+            return None
+        return tuple(key)
+
+    def get(self, key):
+        """The entry kept for ``key`` (None for no entry, or for a call without a signature)."""
+        return None if key is None else self._entries.get(key)
+
+    def put(self, key, entry):
+        """Keep ``entry`` for ``key`` (a no-op for ``key=None``); returns ``entry``."""
+        if key is not None:
+            with self._lock:
+                self._entries[key] = entry
+                while len(self._entries) > self.maxsize:
+                    del self._entries[next(iter(self._entries))]  # dicts keep insertion order
+        return entry
+
+    def clear(self):
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self):
+        return len(self._entries)

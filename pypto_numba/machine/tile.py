@@ -242,6 +242,28 @@ def scratch(cols, name_or_dtype, *lead):
     return buf[first : first + n].reshape((rows, *lead, cols_padded))
 
 
+class ScratchPool:
+    """Per-thread scratch slabs (:func:`scratch`) of one kind of call, reused from call to call.
+
+    ``specs``: one ``(cols, dtype, *lead)`` per slab. :meth:`take` hands out a free set (or makes
+    one), :meth:`give` returns it. Kernels release the GIL, so two Python threads can run one op at
+    once: each takes its own set (``list.pop``/``append`` are atomic), never a shared one.
+    """
+
+    def __init__(self, *specs):
+        self._specs = specs
+        self._free = []
+
+    def take(self) -> tuple:
+        try:
+            return self._free.pop()
+        except IndexError:
+            return tuple(scratch(*spec) for spec in self._specs)
+
+    def give(self, slabs: tuple):
+        self._free.append(slabs)
+
+
 def streamable(out_k, min_bytes: int = STREAM_MIN_BYTES) -> bool:
     """Stream the output (non-temporal stores) when it is too large to be re-read from cache."""
     return out_k.nbytes >= min_bytes and out_k.itemsize in (2, 4)

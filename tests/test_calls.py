@@ -1,0 +1,218 @@
+"""Calls kept per signature (machine/memo.py ``CallMemo``, tile.py ``ScratchPool``) and the ops
+that use them (rope, embedding): a call that repeats an earlier call's signature skips the
+validation its signature decides, and must still check everything that depends on the data."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import numba
+import numpy as np
+import pytest
+
+import pypto_numba as pn
+from pypto_numba import embedding, reference as ref, rope
+from pypto_numba.errors import ConstraintError, ShapeError
+from pypto_numba.machine import tile
+from pypto_numba.machine.memo import CallMemo
+
+from conftest import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
+
+ROPE_RTOL = {"fp32": 2.0**-21, "bf16": 2.0**-8, "fp16": 2.0**-10}
+
+
+# ---------------------------------------------------------------------------------------------
+# CallMemo and ScratchPool
+
+
+def test_key_is_the_signature_of_arrays_and_options():
+    a = np.zeros((4, 6), np.float32)
+    key = CallMemo.key(None, (a, None), ("standard", 0.0))
+    assert key == CallMemo.key(None, (np.ones((4, 6), np.float32), None), ("standard", 0.0))
+    others = [
+        ((np.zeros((4, 7), np.float32), None), ("standard", 0.0)),  # shape
+        ((np.zeros((4, 6), np.float16), None), ("standard", 0.0)),  # dtype
+        ((np.zeros((4, 12), np.float32)[:, ::2], None), ("standard", 0.0)),  # strides
+        ((np.zeros((6, 4), np.float32).T, None), ("standard", 0.0)),  # strides (F order)
+        ((a, a), ("standard", 0.0)),  # an optional array given
+        ((a, None), ("standard", 1e-6)),  # an option
+        ((a, None), ("standard", 0)),  # 0 and 0.0 are different options
+        ((a, None), ("interleaved", 0.0)),
+    ]
+    assert len({key} | {CallMemo.key(None, arrays, options) for arrays, options in others}) == len(others) + 1
+    with pn.use_profile("ascend950"):
+        assert CallMemo.key(None, (a, None), ("standard", 0.0)) != key
+    assert CallMemo.key("ascend950", (a, None), ("standard", 0.0)) != key
+
+
+def test_no_key_for_what_has_no_signature():
+    a = np.zeros(8, np.float32)
+    assert CallMemo.key(None, (np.ma.masked_array(a),)) is None  # a subclass
+    assert CallMemo.key(None, ([1.0, 2.0],)) is None
+    assert CallMemo.key(None, (np.float32(1.0),)) is None
+    assert CallMemo.key(None, (a,), ({"a": 1},)) is None  # an unhashable option
+    assert CallMemo.key("no-such-profile", (a,)) is None
+
+
+def test_memo_keeps_the_newest_entries():
+    memo = CallMemo(maxsize=3)
+    keys = [CallMemo.key(None, (np.zeros(n, np.float32),)) for n in range(1, 6)]
+    for i, k in enumerate(keys):
+        memo.put(k, i)
+    assert len(memo) == 3
+    assert [memo.get(k) for k in keys] == [None, None, 2, 3, 4]
+    assert memo.get(None) is None and memo.put(None, 7) == 7 and len(memo) == 3
+    memo.clear()
+    assert len(memo) == 0
+
+
+def test_scratch_pool_never_hands_out_one_set_twice():
+    pool = tile.ScratchPool((10, np.float32, 2), (24, np.uint16))
+    a, b = pool.take(), pool.take()  # two calls at once: two sets
+    assert [s.shape[1:] for s in a] == [(2, 16 + 16), (32 + 32,)]
+    assert not any(np.may_share_memory(x, y) for x in a for y in b)
+    pool.give(a)
+    assert pool.take() is a  # reused after its call
+    assert pool.take() is not a
+
+
+# ---------------------------------------------------------------------------------------------
+# rope
+
+
+def _rope_case(dtype, rng, S=19, H=3, D=64, R=48):
+    x = make((S, H, D), dtype, rng)
+    cos, sin = make((S, R), dtype, rng), make((S, R), dtype, rng)
+    return x, cos, sin
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["standard", "interleaved", "rmsnorm", "fused_rmsnorm"])
+def test_rope_repeated_signature_same_result_and_cost(kind, dtype, rng):
+    rope._CALLS.clear()
+    x, cos, sin = _rope_case(dtype, rng)
+    w = make(x.shape[-1:], dtype, rng, 0.1, 1.0)
+    call = {
+        "standard": lambda x, out=None: rope.standard(x, cos, sin, out=out),
+        "interleaved": lambda x, out=None: rope.interleaved(x, cos, sin, out=out),
+        "rmsnorm": lambda x, out=None: rope.rmsnorm(x, w, out=out),
+        "fused_rmsnorm": lambda x, out=None: rope.fused_rmsnorm(x, w, cos, sin, out=out),
+    }[kind]
+    oracle = {
+        "standard": lambda x: ref.rope_standard(x, cos, sin),
+        "interleaved": lambda x: ref.rope_interleaved(x, cos, sin),
+        "rmsnorm": lambda x: ref.rmsnorm(x, w),
+        "fused_rmsnorm": lambda x: ref.rope_fused_rmsnorm(x, w, cos, sin),
+    }[kind]
+    first = call(x)
+    assert len(rope._CALLS) == 1
+    for _ in range(2):  # the same signature, other data: from the kept entry
+        x2 = make(x.shape, dtype, rng)
+        got, record = run_traced(call, x2)
+        assert len(rope._CALLS) == 1
+        assert_cost_matches_plan(record)
+        np.testing.assert_allclose(got.astype(np.float64), oracle(x2), rtol=ROPE_RTOL[dtype], atol=1e-5)
+    again = call(x, out=np.empty_like(x))  # out= given: a new signature, then kept
+    assert np.array_equal(again.view(np.uint8), first.view(np.uint8)) and len(rope._CALLS) == 2
+    assert np.array_equal(call(x, out=np.empty_like(x)).view(np.uint8), first.view(np.uint8))
+
+
+def test_rope_kept_signature_still_checks_out_memory(rng):
+    rope._CALLS.clear()
+    x, cos, sin = _rope_case("fp32", rng)
+    out = np.empty_like(x)
+    rope.standard(x, cos, sin, out=out)
+    out.flags.writeable = False  # same signature, now read-only
+    with pytest.raises(ConstraintError, match="writeable"):
+        rope.standard(x, cos, sin, out=out)
+    buf = np.empty(2 * x.size, x.dtype)
+    x2, out2 = buf[: x.size].reshape(x.shape), buf[x.size :].reshape(x.shape)
+    x2[...] = x
+    rope.standard(x2, cos, sin, out=out2)
+    shifted = buf[x.size // 2 : x.size // 2 + x.size].reshape(x.shape)  # same signature, overlapping
+    with pytest.raises(ConstraintError, match="overlaps x partially"):
+        rope.standard(x2, cos, sin, out=shifted)
+    expect = rope.standard(x, cos, sin)
+    got = rope.standard(x2, cos, sin, out=x2)  # in place is allowed
+    assert got is x2 and np.array_equal(got, expect)
+
+
+def test_rope_copied_inputs_are_not_kept(rng):
+    rope._CALLS.clear()
+    x, cos, sin = _rope_case("bf16", rng)
+    wide = np.concatenate([x, x], axis=-1)[..., : x.shape[-1]]  # a strided view of x's values
+    for _ in range(2):
+        got, record = run_traced(rope.standard, wide, cos, sin)
+        assert record.cost.workspace_bytes == x.nbytes  # copied on every call
+        assert np.array_equal(got.view(np.uint16), rope.standard(x, cos, sin).view(np.uint16))
+    assert len(rope._CALLS) == 1  # only the contiguous call's
+
+
+def test_rope_kept_signature_follows_the_profile(rng):
+    rope._CALLS.clear()
+    x, cos, sin = _rope_case("fp32", rng, S=64, H=32, D=128, R=128)
+    _, base = run_traced(rope.standard, x, cos, sin)
+    with pn.use_profile("ascend950"):
+        _, other = run_traced(rope.standard, x, cos, sin)
+    _, again = run_traced(rope.standard, x, cos, sin)
+    assert (base.profile, other.profile, again.profile) == ("ascend910b", "ascend950", "ascend910b")
+    assert len(rope._CALLS) == 2
+
+
+def test_rope_concurrent_calls_of_one_signature(rng):
+    """Kernels release the GIL: calls of one signature from several threads at once each get
+    their own scratch (the bf16 path stages every head row in it)."""
+    rope._CALLS.clear()
+    x, cos, sin = _rope_case("bf16", rng, S=256, H=16, D=128, R=128)
+    rope.standard(x, cos, sin)  # compile and keep the signature in this thread
+    if numba.threading_layer() not in ("omp", "tbb"):
+        pytest.skip(f"numba's {numba.threading_layer()} layer does not take launches from two threads")
+    xs = [make(x.shape, "bf16", rng) for _ in range(8)]
+    expect = [rope.standard(v, cos, sin) for v in xs]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            got = list(pool.map(lambda v: rope.standard(v, cos, sin), xs))
+            for g, e in zip(got, expect):
+                assert np.array_equal(g.view(np.uint16), e.view(np.uint16))
+
+
+# ---------------------------------------------------------------------------------------------
+# embedding
+
+
+@pytest.mark.parametrize("strategy", ["gather", "index_select"])
+def test_embedding_kept_signature_still_checks_ids(strategy, rng):
+    embedding._CALLS.clear()
+    fn = getattr(embedding, strategy)
+    w = make((50, 24), "bf16", rng)
+    ids = rng.integers(0, 50, size=(3, 7)).astype(np.int32)
+    assert np.array_equal(fn(w, ids), w[ids])
+    assert len(embedding._CALLS) == 1
+    bad = ids.copy()
+    bad[2, 5] = 50  # the same signature, one id out of range
+    with pytest.raises(IndexError, match=r"ids\[2, 5\] = 50 is out of range \[0, 50\)"):
+        fn(w, bad)
+    bad[2, 5] = -1
+    with pytest.raises(IndexError, match=r"ids\[2, 5\] = -1"):
+        fn(w, bad)
+    ids2 = rng.integers(0, 50, size=(3, 7)).astype(np.int32)
+    got, record = run_traced(fn, w, ids2)
+    assert np.array_equal(got, w[ids2]) and np.array_equal(got, ref.embedding(w, ids2).astype(w.dtype))
+    assert_cost_matches_plan(record)
+
+
+def test_embedding_kept_signature_still_checks_out_memory(rng):
+    embedding._CALLS.clear()
+    buf = make((64 * 24,), "fp32", rng)
+    w = buf[: 40 * 24].reshape(40, 24)
+    ids = rng.integers(0, 40, size=8).astype(np.int64)
+    out = np.empty((8, 24), np.float32)
+    embedding.gather(w, ids, out=out)
+    out.flags.writeable = False
+    with pytest.raises(ShapeError, match="writeable and not overlapping weight"):
+        embedding.gather(w, ids, out=out)
+    inside = buf[40 * 24 - 4 * 24 : 40 * 24 + 4 * 24].reshape(8, 24)  # same signature as out
+    with pytest.raises(ShapeError, match="writeable and not overlapping weight"):
+        embedding.gather(w, ids, out=inside)
+    apart = buf[40 * 24 : 48 * 24].reshape(8, 24)
+    assert np.array_equal(embedding.gather(w, ids, out=apart), w[ids])
