@@ -41,7 +41,7 @@ from . import inputs
 from .errors import DTypeError, ShapeError
 from .machine import cube, dtypes
 from .machine.jit import kernel
-from .machine.memo import memo_plan
+from .machine.memo import CallMemo, memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
 from .machine.profile import ProfileError, load_profile
 from .strategy import Launch, register
@@ -197,25 +197,55 @@ def _inputs(where, x, weight, bias):
     return xt, wt, bt, dtype
 
 
+class _Call:
+    """What a linear call derives from its signature (kept per signature in ``_CALLS``; see
+    :class:`~pypto_numba.machine.memo.CallMemo`)."""
+
+    __slots__ = ("strategy", "plan", "dtype", "kdt", "k", "out_shape", "shapes")
+
+    def __init__(self, strategy, plan, xt, wt, bt, dtype):
+        self.strategy, self.plan, self.dtype, self.kdt = strategy, plan, dtype, dtypes.KERNEL[dtype]
+        self.k = xt.shape[-1]
+        self.out_shape = xt.shape[:-1] + (wt.shape[0],)
+        self.shapes = [xt.shape, wt.shape] + ([bt.shape] if bt is not None else [])
+
+
+_CALLS = CallMemo()
+
+
 def _run(strategy, x, weight, bias, profile, cube_tiles):
+    key = _CALLS.key(profile, (x, weight, bias), (strategy, cube_tiles))
+    c = _CALLS.get(key)
+    if c is not None:
+        return _launch(c, x, weight, bias, 0)
     where = f"linear.{strategy}"
     xt, wt, bt, dtype = _inputs(where, x, weight, bias)
     p = _plan(strategy, xt.shape, wt.shape, dtype, bt is not None, profile, cube_tiles)
-    k = xt.shape[-1]
-    n = wt.shape[0]
-    x2 = xt.kview.reshape(-1, k)
-    out, out_k = dtypes.empty(xt.shape[:-1] + (n,), dtype)
+    c = _Call(strategy, p, xt, wt, bt, dtype)
+    copied = xt.copied_bytes + wt.copied_bytes + (bt.copied_bytes if bt is not None else 0)
+    if not copied:
+        _CALLS.put(key, c)
+    return _launch(c, xt.array, wt.array, None if bt is None else bt.array, copied)
+
+
+def _launch(c, x, weight, bias, copied):
+    """Run the kernels of a prepared call on contiguous arrays of its signature."""
+    p = c.plan
+    n = c.out_shape[-1]
+    x2 = x.view(c.kdt).reshape(-1, c.k)
+    wk = weight.view(c.kdt)
+    bk = None if bias is None else bias.view(c.kdt)
+    out, out_k = dtypes.empty(c.out_shape, c.dtype)
     out2 = out_k.reshape(-1, n)
-    shapes = [xt.shape, wt.shape] + ([bt.shape] if bt is not None else [])
-    with Launch(p, shapes) as run:
-        if strategy == "matmul_add" and bt is not None:
-            prod, prod_k = dtypes.empty(out2.shape, dtype)
-            run.count(cube.run_walk(x2, wt.kview, None, prod_k, p.params), workspace_bytes=prod.nbytes)
-            run.count(_bias_add_kernel(prod_k, bt.kview, out2, p.params["m1"], p.params["n1"],
+    with Launch(p, c.shapes) as run:
+        if c.strategy == "matmul_add" and bk is not None:
+            prod, prod_k = dtypes.empty(out2.shape, c.dtype)
+            run.count(cube.run_walk(x2, wk, None, prod_k, p.params), workspace_bytes=prod.nbytes)
+            run.count(_bias_add_kernel(prod_k, bk, out2, p.params["m1"], p.params["n1"],
                                        p.params["ops_per_elem"]))
         else:
-            run.count(cube.run_walk(x2, wt.kview, bt.kview if bt is not None else None, out2, p.params))
-        run.workspace(xt.copied_bytes + wt.copied_bytes + (bt.copied_bytes if bt is not None else 0))
+            run.count(cube.run_walk(x2, wk, bk, out2, p.params))
+        run.workspace(copied)
     return out
 
 

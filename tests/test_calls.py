@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pypto_numba as pn
-from pypto_numba import embedding, reference as ref, rope
+from pypto_numba import embedding, linear, reference as ref, rope
 from pypto_numba.errors import ConstraintError, ShapeError
 from pypto_numba.machine import tile
 from pypto_numba.machine.memo import CallMemo
@@ -216,3 +216,39 @@ def test_embedding_kept_signature_still_checks_out_memory(rng):
         embedding.gather(w, ids, out=inside)
     apart = buf[40 * 24 : 48 * 24].reshape(8, 24)
     assert np.array_equal(embedding.gather(w, ids, out=apart), w[ids])
+
+
+# ---------------------------------------------------------------------------------------------
+# linear
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("strategy", ["fused_bias", "matmul_add"])
+@pytest.mark.parametrize("m", [1, 8, 37])
+def test_linear_repeated_signature_same_result_and_cost(m, strategy, dtype, rng):
+    linear._CALLS.clear()
+    fn = getattr(linear, strategy)
+    w, b = make((45, 70), dtype, rng), make((45,), dtype, rng)
+    for bias in (b, None):
+        x = make((m, 70), dtype, rng)
+        first = fn(x, w, bias)
+        x2 = make((m, 70), dtype, rng)
+        got, record = run_traced(fn, x2, w, bias)  # the kept signature, other data
+        assert_cost_matches_plan(record)
+        assert linear._CALLS.get(linear._CALLS.key(None, (x2, w, bias), (strategy, None))) is not None
+        linear._CALLS.clear()  # the full path on the same data gives the same bits
+        assert np.array_equal(fn(x2, w, bias).view(np.uint8), got.view(np.uint8))
+        assert np.array_equal(fn(x, w, bias).view(np.uint8), first.view(np.uint8))
+        want = ref.linear(x2, w, bias)
+        assert np.allclose(got.astype(np.float64), want, rtol=ROPE_RTOL[dtype] * 4, atol=ROPE_RTOL[dtype] * 4 * np.abs(want).max())
+
+
+def test_linear_copied_inputs_are_not_kept(rng):
+    linear._CALLS.clear()
+    x, w = make((3, 70), "fp32", rng), make((90, 70), "fp32", rng)
+    wt = np.asfortranarray(w)  # same values, not C-contiguous
+    for _ in range(2):
+        got, record = run_traced(linear.fused_bias, x, wt)
+        assert record.cost.workspace_bytes == w.nbytes
+        assert np.array_equal(got, linear.fused_bias(x, w))
+    assert len(linear._CALLS) == 1  # only the contiguous call's
