@@ -8,7 +8,9 @@ the speed of a numba prange copy of the same bytes and runs >= 5x faster than
 - ``track_gm_bytes``: the plan's modelled GM traffic (read + write, deterministic).
 - ``track_gbps``: modelled GM bytes / median seconds.
 - ``track_vs_copy``: median of alternating runs, copy time / gelu time, where the copy reads and
-  writes ``x.nbytes`` each (the same bytes gelu moves); 1.0 = copy speed.
+  writes ``x.nbytes`` each (the same bytes gelu moves); 1.0 = copy speed. gelu allocates its
+  output per call, whose pages the kernel faults in (~half the time). ``track_vs_copy_out``: the
+  same with a preallocated ``out=np.empty_like(x)`` (the copy's destination is preallocated too).
 - ``track_vs_torch``: torch time / gelu time (> 1: we are faster); torch on the same threads and
   the same dtype (``approximate="tanh"`` / ``"none"``). NaN when torch is not installed.
 - ``GeluCompile``: first-call seconds in a new process with an empty NUMBA_CACHE_DIR (compile),
@@ -80,6 +82,13 @@ class GeluTrack:
         return median_ratio(self.run, copy_peer(self.x.nbytes), 7)
 
     track_vs_copy.unit = "ratio"
+
+    def track_vs_copy_out(self, strategy, dtype):
+        out = np.empty_like(self.x)
+        fn = getattr(gelu, strategy)
+        return median_ratio(lambda: fn(self.x, out=out), copy_peer(self.x.nbytes), 7)
+
+    track_vs_copy_out.unit = "ratio"
 
     def track_vs_torch(self, strategy, dtype):
         torch = torch_or_none()

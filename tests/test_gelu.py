@@ -225,3 +225,38 @@ def test_out_argument_in_place_and_errors(variant):
     with pytest.raises(pn.ConstraintError, match="overlaps x partially"):
         z = np.zeros(2000, x.dtype)
         fn(z[:1001], out=z[1:1002])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_streamed_lines_same_bits_at_any_placement(variant, dtype, rng, monkeypatch):
+    """Large outputs are written by streaming stores, unless out starts 1 to ALIAS_WINDOW - 1
+    bytes past x within a page (tile.streams_apart); every placement, in place, and a fresh
+    output give the bits of the plain path, with tails at both ends of the tiles."""
+    from pypto_numba.machine import tile
+
+    fn, ref_fn = VARIANTS[variant]
+    n = 3 * TILE + 37
+    x = make((n,), dtype, rng, scale=3.0)
+    want = fn(x)  # small: plain stores
+    bits = np.uint32 if dtype == "fp32" else np.uint16
+    monkeypatch.setattr(gelu, "STREAM_MIN_BYTES", 64)
+    streamed = []
+    kernel = gelu._gelu_kernel
+    monkeypatch.setattr(gelu, "_gelu_kernel", lambda *a: (streamed.append(a[-1]), kernel(*a))[1])
+    buf = np.empty(n + 2 * tile.PAGE, x.dtype)
+    for d in (0, 2, 4, 16, 48, 64, 128, 256, tile.ALIAS_WINDOW - 4, tile.ALIAS_WINDOW, 1024, 2050, 4032, 4094):
+        if d % x.itemsize:
+            continue
+        first = (tile.address(x) + d - tile.address(buf)) % tile.PAGE // x.itemsize
+        out = buf[first : first + n]
+        assert fn(x, out=out) is out
+        assert streamed[-1] == (not 0 < d < tile.ALIAS_WINDOW), d
+        np.testing.assert_array_equal(out.view(bits), want.view(bits))
+    y = fn(x)  # fresh: placed for streaming
+    assert streamed[-1] and tile.streams_apart(y, x)
+    np.testing.assert_array_equal(y.view(bits), want.view(bits))
+    z = x.copy()
+    assert fn(z, out=z) is z and streamed[-1]  # in place streams
+    np.testing.assert_array_equal(z.view(bits), want.view(bits))
+    fn(x, math="storage")
+    assert not streamed[-1]  # the numba loop of storage math: never streamed

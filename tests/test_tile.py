@@ -70,3 +70,28 @@ def test_empty_in_phase(dtype):
         a = tile.empty_in_phase((4, 7), dtype, like)
         assert a.shape == (4, 7) and a.dtype == dtype and a.flags.c_contiguous
         assert a.ctypes.data % tile.ALIGN == off
+
+
+def test_streams_apart_is_false_just_past_the_source_within_a_page():
+    base = np.empty(3 * tile.PAGE, np.uint8)
+    src = base[100:200]
+    for d in (0, 1, 16, 64, tile.ALIAS_WINDOW - 1, tile.ALIAS_WINDOW, 2048, tile.PAGE - 1, tile.PAGE,
+              tile.PAGE + 48, tile.PAGE + tile.ALIAS_WINDOW):
+        dst = base[100 + d : 200 + d]
+        assert tile.streams_apart(dst, src) == (not 0 < d % tile.PAGE < tile.ALIAS_WINDOW), d
+        assert tile.streams_apart(src, dst) == (not 0 < -d % tile.PAGE < tile.ALIAS_WINDOW), d
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16"])
+def test_empty_apart(name):
+    size = 4 if name == "fp32" else 2
+    base = np.empty(3 * tile.PAGE, np.uint8)
+    for off in (0, 2, 16, 64, 100, 4000):
+        like = base[off : off + 64 * size]
+        a, k = tile.empty_apart((8, 8), name, like)
+        assert a.shape == (8, 8) and a.flags.c_contiguous and a.dtype == tile.dtypes.STORAGE[name]
+        assert k.dtype == tile.dtypes.KERNEL[name] and tile.address(k) == tile.address(a)
+        assert tile.address(a) % tile.LINE == 0
+        assert 0 <= (tile.address(like) - tile.address(a)) % tile.PAGE < tile.LINE  # less than a line before
+        assert tile.streams_apart(a, like)
+        a[...] = 1  # the whole array is inside its buffer

@@ -9,6 +9,7 @@ tanh/erf/sigmoid, 4 ulp for exp).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 from numba import prange
@@ -326,3 +327,55 @@ def test_softmax_exp_matches_exp_and_rounds_like_storage(like):
     one = np.empty(1, np.float32)
     k_softmax_exp(s, m, p, like_arr, one, 1, 0)
     assert one[0] == 0.0
+
+
+def _ir_map(build, lanes):
+    """A numba-callable ``f(x, out, n)``: ``out[i] = build(x[i])`` in ``lanes``-wide IR steps
+    (``lanes = 1``: scalar IR), the rest of ``n`` one element at a time."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def apply(typingctx, x, out, n):
+        def codegen(context, builder, sig, args):
+            xa = context.make_array(sig.args[0])(context, builder, args[0])
+            oa = context.make_array(sig.args[1])(context, builder, args[1])
+            f32 = ir.FloatType()
+            i64 = ir.IntType(64)
+            nv = builder.udiv(args[2], ir.Constant(i64, lanes))
+            for width, start, count in ((lanes, ir.Constant(i64, 0), nv),
+                                        (1, builder.mul(nv, ir.Constant(i64, lanes)),
+                                         builder.urem(args[2], ir.Constant(i64, lanes)))):
+                ty = f32 if width == 1 else ir.VectorType(f32, width)
+                with cgutils.for_range(builder, count) as loop:
+                    off = builder.add(start, builder.mul(loop.index, ir.Constant(i64, width)))
+                    xp = builder.bitcast(builder.gep(xa.data, [off]), ty.as_pointer())
+                    op = builder.bitcast(builder.gep(oa.data, [off]), ty.as_pointer())
+                    builder.store(build(builder, builder.load(xp, align=4)), op, align=4)
+            return context.get_dummy_value()
+
+        return types.void(x, out, types.uint64), codegen
+
+    @numba.njit
+    def run(x, out):
+        apply(x, out, np.uint64(x.size))
+
+    return run
+
+
+@pytest.mark.parametrize("lanes", [1, 16])
+@pytest.mark.parametrize("name", ["tanh", "erf"])
+def test_ir_versions_equal_the_scalar_functions(name, lanes):
+    """tanh_ir / erf_ir (GELU's 512-bit loop) give the bits of tanh / erf, on scalars and vectors."""
+    rng = np.random.default_rng(3)
+    x = np.concatenate([
+        np.linspace(-12, 12, 1 << 20, dtype=np.float32),
+        rng.integers(0, 1 << 32, size=1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 9.0, -9.0, 4.0, -4.0, 1e-45, -1e-45, 3.4e38], np.float32),
+    ])
+    got = np.empty_like(x)
+    _ir_map(getattr(V, f"{name}_ir"), lanes)(x, got)
+    want = run(name, x)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -229,6 +229,33 @@ def empty_in_phase(shape, dtype, like: np.ndarray) -> np.ndarray:
     return buf[first : first + n].reshape(shape)
 
 
+PAGE = 4096  # bytes: loads and stores are matched for dependence on their low 12 address bits
+# A load whose address is up to this many bytes past a pending streaming store's, modulo a page,
+# waits for that store ("4K aliasing"). An element-wise kernel that loads src[i] and streams
+# dst[i] a few lines later hits it on every line when dst starts just past src within a page:
+# GELU streamed from src at page offset 16 to dst at 64 or 128 ran 2.6x slower than to dst at 0,
+# 512, 1024 or 2048 (x[64M] fp32, 2 threads); at 256 1.15x slower.
+ALIAS_WINDOW = 512
+
+
+def streams_apart(dst: np.ndarray, src: np.ndarray) -> bool:
+    """Whether ``dst`` can be streamed from loads of ``src`` at equal offsets without 4K aliasing
+    (``ALIAS_WINDOW``): dst does not start 1 to ALIAS_WINDOW - 1 bytes past src within a page."""
+    return not 0 < (address(dst) - address(src)) % PAGE < ALIAS_WINDOW
+
+
+def empty_apart(shape, name, like: np.ndarray):
+    """A new 64-byte-aligned storage array (and its kernel view) placed for streaming from
+    ``like`` (:func:`streams_apart`): it starts less than a line *before* ``like`` within a page."""
+    size = dtypes.itemsize(name)
+    n = _math.prod(shape)
+    buf = np.empty(n + PAGE // size, dtypes.STORAGE[name])
+    target = address(like) % PAGE // ALIGN * ALIGN  # like's line within its page
+    first = (target - address(buf)) % PAGE // size
+    a = buf[first : first + n].reshape(shape)
+    return a, dtypes.kernel_view(a)
+
+
 def scratch(cols, name_or_dtype, *lead):
     """Per-thread scratch ``[n_threads, *lead, cols]``: each thread's slab starts on its own cache
     line (64-byte aligned, padded by a line) so that two threads never write to one line."""

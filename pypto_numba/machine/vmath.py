@@ -2,6 +2,8 @@
 softmax row steps in explicit 16-lane vectors: ``rowmax`` and ``softmax_exp`` (exp, rounding of P
 and the row sum; bit-equal to ``exp`` + ``dtypes.round_as``, which ``tests/test_vmath.py`` checks,
 so the vector copies of the exp formula and of the bf16/fp16 rounding cannot drift apart).
+``tanh_ir`` / ``erf_ir`` build tanh and erf in LLVM IR on a scalar or a vector of any width, for
+kernels written in IR (GELU's 512-bit loop); the same test holds them bit-equal to ``tanh``/``erf``.
 
 What
 ----
@@ -84,7 +86,7 @@ from numba.extending import intrinsic
 from pypto_numba.machine.dtypes import f32_as_u32, u32_as_f32
 from pypto_numba.machine.jit import device
 
-__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "VMATH_FASTMATH"]
+__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "tanh_ir", "erf_ir", "VMATH_FASTMATH"]
 
 VMATH_FASTMATH = frozenset({"contract"})
 """Fast-math flags of the vmath functions (see the module docstring for why not FASTMATH)."""
@@ -339,6 +341,90 @@ def _exp_ir(builder, x):
 
     y = mul(mul(p, pow2(n1)), pow2(sub(n, n1)))
     return builder.select(builder.fcmp_ordered("==", x, x), y, x)
+
+
+class _FOps:
+    """float32 IR on a scalar or a ``<L x float>`` vector (``x.type``), each instruction with
+    ``contract`` only (:data:`VMATH_FASTMATH`): the backend fuses a multiply into the add that
+    uses it, as it does in the numba-compiled scalar function."""
+
+    def __init__(self, builder, ty):
+        self.b = builder
+        self.ty = ty
+        lanes = getattr(ty, "count", None)
+        self.ity = ir.IntType(32) if lanes is None else ir.VectorType(ir.IntType(32), lanes)
+        suffix = "f32" if lanes is None else f"v{lanes}f32"
+        self._fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty]), f"llvm.fabs.{suffix}")
+
+    def k(self, v):
+        v = float(v)  # float32 constants: exact as float64
+        return ir.Constant(self.ty, v if not isinstance(self.ty, ir.VectorType) else [v] * self.ty.count)
+
+    def _v(self, x):
+        return self.k(x) if isinstance(x, (float, np.floating)) else x
+
+    def mul(self, a, b):
+        return self.b.fmul(self._v(a), self._v(b), flags=("contract",))
+
+    def add(self, a, b):
+        return self.b.fadd(self._v(a), self._v(b), flags=("contract",))
+
+    def div(self, a, b):
+        return self.b.fdiv(self._v(a), self._v(b), flags=("contract",))
+
+    def abs(self, a):
+        return self.b.call(self._fabs, [a])
+
+    def gt(self, a, b):
+        return self.b.fcmp_ordered(">", self._v(a), self._v(b))
+
+    def ge(self, a, b):
+        return self.b.fcmp_ordered(">=", self._v(a), self._v(b))
+
+    def eq(self, a, b):
+        return self.b.fcmp_ordered("==", self._v(a), self._v(b))
+
+    def select(self, c, a, b):
+        return self.b.select(c, self._v(a), self._v(b))
+
+    def horner(self, t, coeffs):
+        """``c0 + t*(c1 + t*(c2 + ...))`` for ``coeffs = (c0, c1, ...)``, innermost first."""
+        acc = self.k(coeffs[-1])
+        for c in reversed(coeffs[:-1]):
+            acc = self.add(c, self.mul(t, acc))
+        return acc
+
+    def copysign(self, m, x):
+        """:func:`_copysign`: ``m``'s bits with ``x``'s sign bit."""
+        sign = self.b.and_(self.b.bitcast(x, self.ity), ir.Constant(self.ity, _splat(self.ity, 0x80000000)))
+        return self.b.bitcast(self.b.or_(self.b.bitcast(m, self.ity), sign), self.ty)
+
+
+def _splat(ty, v):
+    return v if not isinstance(ty, ir.VectorType) else [v] * ty.count
+
+
+def _rational_ir(o, x, ps, qs, sat):
+    a = o.abs(x)
+    t = o.mul(a, a)
+    r = o.div(o.mul(a, o.horner(t, ps)), o.horner(t, (_ONE,) + qs))
+    r = o.select(o.gt(r, _ONE), _ONE, r)
+    r = o.select(o.ge(a, sat), _ONE, r)
+    return o.copysign(r, x)
+
+
+def tanh_ir(builder, x):
+    """:func:`tanh` in IR on a float32 scalar or ``<L x float>`` vector: the same operations in
+    the same order (``tests/test_vmath.py`` checks equal bits). For loops that LLVM's
+    vectoriser would run in 256-bit vectors, or that store with streaming stores."""
+    return _rational_ir(_FOps(builder, x.type), x, (_TANH_P0, _TANH_P1, _TANH_P2, _TANH_P3, _TANH_P4),
+                        (_TANH_Q1, _TANH_Q2, _TANH_Q3, _TANH_Q4), _TANH_SAT)
+
+
+def erf_ir(builder, x):
+    """:func:`erf` in IR, as :func:`tanh_ir`."""
+    return _rational_ir(_FOps(builder, x.type), x, (_ERF_P0, _ERF_P1, _ERF_P2, _ERF_P3, _ERF_P4, _ERF_P5),
+                        (_ERF_Q1, _ERF_Q2, _ERF_Q3, _ERF_Q4, _ERF_Q5), _ERF_SAT)
 
 
 def _round_ir(builder, e, like):
