@@ -13,6 +13,7 @@ slower than ``torch.nn.functional.embedding``.
   gather places its own fresh results so; at another offset every load straddles two lines:
   ~0.85x).
 - ``track_vs_torch``: torch.nn.functional.embedding time / gather time (> 1: we are faster).
+- ``EmbeddingDecodeTime``: one decode step (ids[1, 1]): what a call costs in Python.
 
 Only 16-bit weights at full size (622 MB); fp32 would need 1.2 GB on a shared 2-core machine.
 """
@@ -99,3 +100,19 @@ class EmbeddingTrack:
         if self.torch is None:
             return math.nan
         return median_ratio(self.ours, self.peer, 9)
+
+
+class EmbeddingDecodeTime:
+    """One decode step, ids[1, 1] into weight[151936, 64] bf16: the per-call cost of the Python
+    path (a repeated signature skips what the shapes decide: ~72 us per call before, ~37 after)."""
+
+    number = 100
+    repeat = (3, 10, 10.0)
+
+    def setup(self):
+        self.w = np.zeros((V, 64), NP["bf16"])
+        self.ids = np.array([[5]], np.int64)
+        embedding.gather(self.w, self.ids)
+
+    def time_decode_call(self):
+        embedding.gather(self.w, self.ids)
