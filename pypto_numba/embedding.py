@@ -50,7 +50,7 @@ from .machine.jit import device, kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
 from .machine.profile import load_profile
-from .machine.tile import LINE, STREAM_MIN_BYTES, ScratchPool, address, empty_in_phase, store_fence, stream_lines
+from .machine.tile import LINE, STREAM_MIN_BYTES, ScratchPool, empty_in_phase, store_fence, stream_lines, streamable
 from .strategy import Launch, register
 
 ID_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
@@ -399,9 +399,8 @@ def _launch(c, weight, ids, out, copied):
     out_k = out.view(c.view).reshape(-1, h)
     # stream whole lines when each task's output is a contiguous run of whole rows and the
     # result is too large to be re-read from cache (module attribute: tests lower it)
-    size = out_k.itemsize
     p = c.plan
-    stream = bool(p.params["h_tile"] >= h and out_k.nbytes >= STREAM_MIN_BYTES and address(out_k) % size == 0)
+    stream = p.params["h_tile"] >= h and streamable(out_k, STREAM_MIN_BYTES)
     slabs = c.scratch.take()
     with Launch(p, c.shapes) as run:
         run.count(_gather_kernel(weight.view(c.view), ids.reshape(-1), out_k,

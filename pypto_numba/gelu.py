@@ -39,7 +39,7 @@ from .machine.jit import device, kernel
 from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
 from .machine.profile import load_profile
-from .machine.tile import LINE, STREAM_MIN_BYTES, address, empty_apart, store_fence, streamable, streams_apart
+from .machine.tile import LINE, STREAM_MIN_BYTES, empty_apart, store_fence, streamable, streams_apart
 from .strategy import Launch, register
 
 SQRT_2_OVER_PI = _math.sqrt(2.0 / _math.pi)
@@ -275,8 +275,7 @@ def _run(variant: str, x, profile, tile, math, out):
         result, out_k = inputs.output(where, xt, out)
     # large outputs: streaming stores (no read for ownership of the output lines), unless out
     # starts just past x within a page (then loads would wait for the stores: 4K aliasing)
-    stream = (not storage_math and streamable(out_k, STREAM_MIN_BYTES)
-              and address(out_k) % out_k.itemsize == 0 and streams_apart(out_k, xt.kview))
+    stream = not storage_math and streamable(out_k, STREAM_MIN_BYTES) and streams_apart(out_k, xt.kview)
     with Launch(p, [xt.shape]) as run:
         run.count(
             _gelu_kernel(xt.kview.reshape(-1), out_k.reshape(-1), p.params["tile"], VARIANT[variant],

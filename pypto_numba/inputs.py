@@ -121,6 +121,14 @@ def output(where: str, xt: Tensor, out):
     """A new output, or the caller's ``out=`` (same shape and dtype, C-contiguous; may be x itself)."""
     if out is None:
         return tile.aligned_empty(xt.shape, xt.dtype)
+    check_out_signature(where, xt, out)
+    check_out_memory(where, xt.array, out)
+    return out, dtypes.kernel_view(out)
+
+
+def check_out_signature(where: str, xt: Tensor, out):
+    """What ``out=`` must satisfy by its signature: a numpy array of x's dtype and shape,
+    C-contiguous (:class:`~pypto_numba.machine.memo.CallMemo` keeps this per signature)."""
     if not isinstance(out, np.ndarray) or dtypes.storage_name(out.dtype) != xt.dtype:
         got = out.dtype if isinstance(out, np.ndarray) else type(out).__name__
         raise DTypeError(f"{where}: out must be a numpy array of x's dtype ({xt.dtype}), got {got}")
@@ -128,8 +136,6 @@ def output(where: str, xt: Tensor, out):
         raise ShapeError(f"{where}: out must have x's shape {xt.shape}, got {out.shape}")
     if not out.flags.c_contiguous:
         raise ConstraintError(f"{where}: out must be a writeable C-contiguous array")
-    check_out_memory(where, xt.array, out)
-    return out, dtypes.kernel_view(out)
 
 
 def check_out_memory(where: str, x: np.ndarray, out: np.ndarray):
