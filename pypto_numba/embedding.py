@@ -28,11 +28,20 @@ On the CPU a row gather is a memcpy per row with no conversion (16-bit rows are 
 sizes) its output is one contiguous run; for outputs of >= ``STREAM_MIN_BYTES`` (4 MiB) every
 whole 64-byte line of it is written with a streaming store straight from the weight row (see
 :func:`stream_lines`), which skips the read-for-ownership of the destination; rows that are
-whole lines go out ``GATHER_STREAMS`` at a time, in lockstep. A fresh result starts at the same
-offset within a cache line as the weight, so each whole output line comes from one weight line
-(an ``out=`` at another offset works, with every load straddling two lines: 0.85x). ``out=``
+whole lines go out ``GATHER_ROWS`` at a time, a line of each loaded before any is stored
+(:func:`stream_gather_rows`). A fresh result starts at the same offset within a page as the
+weight, so each whole output line comes from one weight line and no load waits for a store to
+the same page offset (an ``out=`` at another offset within a line works, with every load
+straddling two lines: 0.85x). ``out=``
 reuses a result array: a fresh 64 MB result costs its page faults (the OS zeroes every new
 page), which is about as much as the gather itself.
+
+Where the weight sits matters. weight[151936, 2048] bf16, ids[8, 2048], out in phase, 2
+threads, against the prange copy of the output's bytes: rows starting on a page boundary
+0.87-0.95x of copy; NumPy's large arrays (16 bytes into a page, rows not on lines) 0.77-0.82x.
+The line each output row shares with the next (assembled in a scratch) costs about half of
+that gap; prefetching it, and assembling it with whole-line moves, did not pay (+3 % there,
+-2 % elsewhere).
 """
 
 from __future__ import annotations
@@ -50,7 +59,18 @@ from .machine.jit import device, kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
 from .machine.profile import load_profile
-from .machine.tile import LINE, STREAM_MIN_BYTES, ScratchPool, empty_in_phase, store_fence, stream_lines, streamable
+from .machine.tile import (
+    GATHER_ROWS,
+    LINE,
+    PAGE,
+    STREAM_MIN_BYTES,
+    ScratchPool,
+    empty_in_phase,
+    store_fence,
+    stream_gather_rows,
+    stream_lines,
+    streamable,
+)
 from .strategy import Launch, register
 
 ID_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
@@ -79,17 +99,6 @@ def _row_elem(w_flat, ids, e, uH):
     return w_flat[np.uint64(ids[r]) * uH + (e - r * uH)]
 
 
-# Rows walked together by one task. A row is a short run of lines (4 KiB for H=2048 bf16) at a
-# random place in the table: streamed one after the other, each row's reads start cold (the
-# hardware prefetcher does not cross into the next, unrelated row), so one core keeps few line
-# fills in flight. Streaming GATHER_STREAMS rows in lockstep, STREAM_STEP_LINES lines of each in
-# turn, keeps that many rows' reads in flight: 1.30-1.39x with 4-16 rows of 2-8 lines on
-# weight[151936, 2048] bf16, ids[8, 2048] (2 threads; 8 rows x 8 lines: 1.24-1.26x, one row at a
-# time: 1.00). The bytes written are the same in any order.
-GATHER_STREAMS = 8
-STREAM_STEP_LINES = 4
-
-
 @device
 def _stream_range(w_flat, ids, out_flat, e, stop, uH, L, line):
     """Whole lines of ``out_flat[e:stop]`` (``e`` and ``stop`` on line boundaries, uint64) from
@@ -114,19 +123,19 @@ def _stream_range(w_flat, ids, out_flat, e, stop, uH, L, line):
 def _stream_rows_lockstep(w_flat, ids, out_flat, r0, r1, uH, L, p, line):
     """Rows ``r0 .. r1`` when every row is a whole number of lines (``H % L == 0``) and each
     output row's first line boundary is ``p`` elements into it: the rows' whole lines go out
-    GATHER_STREAMS rows at a time, STREAM_STEP_LINES lines of each row in turn; then (``p > 0``)
-    the line between each two rows, assembled from the end of one and the start of the next.
-    The first ``p`` and the last ``L - p`` elements of the range are the caller's."""
+    GATHER_ROWS rows at a time (:func:`~pypto_numba.machine.tile.stream_gather_rows`), the last
+    rows one by one; then (``p > 0``) the line between each two rows, assembled from the end of
+    one and the start of the next. The first ``p`` and the last ``L - p`` elements of the range
+    are the caller's."""
     size = np.uint64(out_flat.itemsize)
-    nl = uH // L - (np.uint64(1) if p else np.uint64(0))  # whole lines inside one row
-    step = np.uint64(STREAM_STEP_LINES)
-    for g0 in range(r0, r1, GATHER_STREAMS):
-        g1 = min(g0 + GATHER_STREAMS, r1)
-        for c in range(np.uint64(0), nl, step):
-            k = min(step, nl - c) * L
+    nbytes = (uH // L - (np.uint64(1) if p else np.uint64(0))) * L * size  # whole lines in a row
+    for g0 in range(r0, r1, GATHER_ROWS):
+        g1 = min(g0 + GATHER_ROWS, r1)
+        if g1 - g0 == GATHER_ROWS:
+            stream_gather_rows(out_flat, w_flat, ids, np.uint64(g0), uH, p, nbytes)
+        else:
             for r in range(g0, g1):
-                off = p + c * L
-                stream_lines(out_flat, np.uint64(r) * uH + off, w_flat, np.uint64(ids[r]) * uH + off, k * size)
+                stream_lines(out_flat, np.uint64(r) * uH + p, w_flat, np.uint64(ids[r]) * uH + p, nbytes)
         if p:
             tail = L - p  # elements of row r in the line that starts tail before row r + 1
             for r in range(g0, min(g1, r1 - 1)):
@@ -393,7 +402,7 @@ def _launch(c, weight, ids, out, copied):
     """Run the kernel of a prepared call on arrays of its signature (``out=None``: a new result)."""
     h = c.H
     if out is None:
-        out = empty_in_phase(ids.shape + (h,), weight.dtype, weight)
+        out = empty_in_phase(ids.shape + (h,), weight.dtype, weight, PAGE)
     elif not out.flags.writeable or np.may_share_memory(out, weight):
         _bad_out(c, weight, ids, out)
     out_k = out.view(c.view).reshape(-1, h)

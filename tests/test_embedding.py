@@ -8,6 +8,7 @@ import pytest
 import pypto_numba as pn
 from conftest import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 from pypto_numba import embedding, reference
+from pypto_numba.machine import tile
 from pypto_numba.errors import DTypeError, ShapeError, TileError
 
 
@@ -143,17 +144,20 @@ def test_out_argument(rng):
         embedding.gather(w, ids, out=np.empty((2, 5, 16), np.float32))
 
 
+@pytest.mark.parametrize("ids_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("row_tile", [8, 24])
 @pytest.mark.parametrize("H", [3, 37, 64, 100, 160])
-def test_streaming_rows_any_alignment(H, row_tile, dtype, rng, monkeypatch):
+def test_streaming_rows_any_alignment(H, row_tile, ids_dtype, dtype, rng, monkeypatch):
     """Whole-line streaming stores (forced by lowering the size threshold): rows shorter and
-    longer than a cache line, rows of whole lines (64, 160: several rows walked in lockstep, a
-    last step of fewer lines, the line between two rows assembled when out is not on a line),
-    outputs starting at every 2-byte offset of a line, tasks of one and of several row groups,
-    a row_tile tail; exact rows, nothing written outside out, counted Cost == planned."""
+    longer than a cache line, rows of whole lines (64, 160: GATHER_ROWS rows at a time and the
+    last rows of a task one by one, the line between two rows assembled when out is not on a
+    line), outputs starting at every 2-byte offset of a line, tasks of one and of several row
+    groups, a row_tile tail, int32 and int64 ids (the last row of the weight among them); exact
+    rows, nothing written outside out, counted Cost == planned."""
     monkeypatch.setattr(embedding, "STREAM_MIN_BYTES", 0)
     w = make((50, H), dtype, rng)
-    ids = rng.integers(0, 50, size=(3, 13)).astype(np.int32)  # 39 ids: either row_tile leaves a tail
+    ids = rng.integers(0, 50, size=(3, 13)).astype(ids_dtype)  # 39 ids: either row_tile leaves a tail
+    ids[0, :2] = 49
     expected = reference.embedding(w, ids)
     n = ids.size * H
     size = w.itemsize
@@ -166,3 +170,17 @@ def test_streaming_rows_any_alignment(H, row_tile, dtype, rng, monkeypatch):
         assert np.array_equal(out.astype(np.float64), expected)
         assert not buf[:start].view(np.uint8).any() and not buf[start + n :].view(np.uint8).any()
         assert_cost_matches_plan(rec)
+
+
+def test_fresh_result_shares_the_weights_page_offset(rng, monkeypatch):
+    """A new result starts at the weight's offset within a page (so the streamed rows' loads and
+    stores line up and never alias, machine.tile.stream_gather_rows), for weights at several
+    offsets; the rows are exact."""
+    monkeypatch.setattr(embedding, "STREAM_MIN_BYTES", 0)
+    base = make((40 + 64, 64), "bf16", rng)  # rows of 128 bytes: whole lines
+    ids = rng.integers(0, 40, size=(21,)).astype(np.int64)
+    for skip in (0, 1, 7, 32):  # 16-bit elements: offsets 0, 2, 14, 64 bytes into a line/page
+        w = base.reshape(-1)[skip : skip + 40 * 64].reshape(40, 64)
+        got = embedding.gather(w, ids)
+        assert (got.ctypes.data - w.ctypes.data) % tile.PAGE == 0
+        assert np.array_equal(got.astype(np.float64), reference.embedding(w, ids))

@@ -70,6 +70,9 @@ def test_empty_in_phase(dtype):
         a = tile.empty_in_phase((4, 7), dtype, like)
         assert a.shape == (4, 7) and a.dtype == dtype and a.flags.c_contiguous
         assert a.ctypes.data % tile.ALIGN == off
+        b = tile.empty_in_phase((4, 7), dtype, like, tile.PAGE)
+        assert b.shape == (4, 7) and b.dtype == dtype and b.flags.c_contiguous
+        assert (b.ctypes.data - like.ctypes.data) % tile.PAGE == 0
 
 
 def test_streams_apart_is_false_just_past_the_source_within_a_page():
@@ -95,3 +98,32 @@ def test_empty_apart(name):
         assert 0 <= (tile.address(like) - tile.address(a)) % tile.PAGE < tile.LINE  # less than a line before
         assert tile.streams_apart(a, like)
         a[...] = 1  # the whole array is inside its buffer
+
+
+@numba.njit(cache=True)
+def _gather_rows(dst, src, ids, r0, row, off, nbytes):
+    tile.stream_gather_rows(dst, src, ids, np.uint64(r0), np.uint64(row), np.uint64(off), np.uint64(nbytes))
+    tile.store_fence()
+
+
+@pytest.mark.parametrize("ids_dtype", [np.uint8, np.int32, np.int64])
+@pytest.mark.parametrize("row, off, lines", [(16, 0, 1), (48, 16, 2), (1024, 0, 64), (80, 16, 3)])
+def test_stream_gather_rows(row, off, lines, ids_dtype):
+    """GATHER_ROWS rows from r0 on: dst[(r0+k)*row + off:][:lines*16] == src[ids[r0+k]*row + off:][:...]
+    for every k, bit for bit (fp32 NaN payloads included), and no other element of dst changes."""
+    rng = np.random.default_rng(row + off)
+    nsrc, r0 = 37, 3
+    src = rng.integers(0, 2**32, size=nsrc * row, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    ids = rng.integers(0, nsrc, size=r0 + tile.GATHER_ROWS + 2).astype(ids_dtype)
+    ids[r0] = nsrc - 1
+    buf = np.zeros(ids.size * row + 16, np.float32)
+    first = (-buf.ctypes.data % tile.LINE) // 4
+    dst = buf[first : first + ids.size * row]
+    _gather_rows(dst, src, ids, r0, row, off, lines * tile.LINE)
+    expected = np.zeros_like(dst)
+    n = lines * tile.LINE // 4
+    for k in range(tile.GATHER_ROWS):
+        r = r0 + k
+        expected[r * row + off : r * row + off + n] = src[int(ids[r]) * row + off :][:n]
+    assert np.array_equal(dst.view(np.uint32), expected.view(np.uint32))
+    assert not buf[:first].view(np.uint32).any() and not buf[first + dst.size :].view(np.uint32).any()
