@@ -36,12 +36,10 @@ straddling two lines: 0.85x). ``out=``
 reuses a result array: a fresh 64 MB result costs its page faults (the OS zeroes every new
 page), which is about as much as the gather itself.
 
-Where the weight sits matters. weight[151936, 2048] bf16, ids[8, 2048], out in phase, 2
-threads, against the prange copy of the output's bytes: rows starting on a page boundary
-0.87-0.95x of copy; NumPy's large arrays (16 bytes into a page, rows not on lines) 0.77-0.82x.
-The line each output row shares with the next (assembled in a scratch) costs about half of
-that gap; prefetching it, and assembling it with whole-line moves, did not pay (+3 % there,
--2 % elsewhere).
+Where the weight sits matters a little. weight[151936, 2048] bf16, ids[8, 2048], out in phase,
+2 threads, against the prange copy of the output's bytes: rows starting on a page boundary
+0.88-0.91x of copy; NumPy's large arrays (16 bytes into a page, so every output row shares a
+line with the next: the joins of :func:`stream_gather_rows`) 0.82-0.85x.
 """
 
 from __future__ import annotations
@@ -123,19 +121,20 @@ def _stream_range(w_flat, ids, out_flat, e, stop, uH, L, line):
 def _stream_rows_lockstep(w_flat, ids, out_flat, r0, r1, uH, L, p, line):
     """Rows ``r0 .. r1`` when every row is a whole number of lines (``H % L == 0``) and each
     output row's first line boundary is ``p`` elements into it: the rows' whole lines go out
-    GATHER_ROWS rows at a time (:func:`~pypto_numba.machine.tile.stream_gather_rows`), the last
-    rows one by one; then (``p > 0``) the line between each two rows, assembled from the end of
-    one and the start of the next. The first ``p`` and the last ``L - p`` elements of the range
-    are the caller's."""
+    GATHER_ROWS rows at a time (:func:`~pypto_numba.machine.tile.stream_gather_rows`), with the
+    line between each two rows when ``p > 0`` (the end of one and the start of the next); the
+    last rows one by one, their joins assembled in ``line``. The first ``p`` and the last
+    ``L - p`` elements of the range are the caller's."""
     size = np.uint64(out_flat.itemsize)
     nbytes = (uH // L - (np.uint64(1) if p else np.uint64(0))) * L * size  # whole lines in a row
     for g0 in range(r0, r1, GATHER_ROWS):
         g1 = min(g0 + GATHER_ROWS, r1)
-        if g1 - g0 == GATHER_ROWS:
-            stream_gather_rows(out_flat, w_flat, ids, np.uint64(g0), uH, p, nbytes)
-        else:
-            for r in range(g0, g1):
-                stream_lines(out_flat, np.uint64(r) * uH + p, w_flat, np.uint64(ids[r]) * uH + p, nbytes)
+        if g1 - g0 == GATHER_ROWS:  # with the lines between the rows (and the next row) when p > 0
+            joins = min(np.uint64(GATHER_ROWS), np.uint64(r1 - 1 - g0)) if p else np.uint64(0)
+            stream_gather_rows(out_flat, w_flat, ids, np.uint64(g0), uH, p, nbytes, joins)
+            continue
+        for r in range(g0, g1):
+            stream_lines(out_flat, np.uint64(r) * uH + p, w_flat, np.uint64(ids[r]) * uH + p, nbytes)
         if p:
             tail = L - p  # elements of row r in the line that starts tail before row r + 1
             for r in range(g0, min(g1, r1 - 1)):

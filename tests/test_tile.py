@@ -101,29 +101,74 @@ def test_empty_apart(name):
 
 
 @numba.njit(cache=True)
-def _gather_rows(dst, src, ids, r0, row, off, nbytes):
-    tile.stream_gather_rows(dst, src, ids, np.uint64(r0), np.uint64(row), np.uint64(off), np.uint64(nbytes))
+def _gather_rows(dst, src, ids, r0, row, off, nbytes, joins):
+    tile.stream_gather_rows(dst, src, ids, np.uint64(r0), np.uint64(row), np.uint64(off), np.uint64(nbytes),
+                            np.uint64(joins))
     tile.store_fence()
 
 
-@pytest.mark.parametrize("ids_dtype", [np.uint8, np.int32, np.int64])
-@pytest.mark.parametrize("row, off, lines", [(16, 0, 1), (48, 16, 2), (1024, 0, 64), (80, 16, 3)])
-def test_stream_gather_rows(row, off, lines, ids_dtype):
-    """GATHER_ROWS rows from r0 on: dst[(r0+k)*row + off:][:lines*16] == src[ids[r0+k]*row + off:][:...]
-    for every k, bit for bit (fp32 NaN payloads included), and no other element of dst changes."""
-    rng = np.random.default_rng(row + off)
-    nsrc, r0 = 37, 3
-    src = rng.integers(0, 2**32, size=nsrc * row, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    ids = rng.integers(0, nsrc, size=r0 + tile.GATHER_ROWS + 2).astype(ids_dtype)
-    ids[r0] = nsrc - 1
-    buf = np.zeros(ids.size * row + 16, np.float32)
-    first = (-buf.ctypes.data % tile.LINE) // 4
-    dst = buf[first : first + ids.size * row]
-    _gather_rows(dst, src, ids, r0, row, off, lines * tile.LINE)
-    expected = np.zeros_like(dst)
-    n = lines * tile.LINE // 4
+def _expected_gather(dst, src, ids, r0, row, off, n, joins):
+    """What stream_gather_rows writes, from its definition: rows, then join lines."""
+    out = dst.copy()
+    L = tile.LINE // dst.itemsize
     for k in range(tile.GATHER_ROWS):
         r = r0 + k
-        expected[r * row + off : r * row + off + n] = src[int(ids[r]) * row + off :][:n]
-    assert np.array_equal(dst.view(np.uint32), expected.view(np.uint32))
-    assert not buf[:first].view(np.uint32).any() and not buf[first + dst.size :].view(np.uint32).any()
+        out[r * row + off : r * row + off + n] = src[int(ids[r]) * row + off :][:n]
+    for k in range(joins):
+        r = r0 + k
+        tail = L - off
+        at = (r + 1) * row + off - L
+        out[at : at + tail] = src[int(ids[r]) * row + row - tail : int(ids[r]) * row + row]
+        out[at + tail : at + L] = src[int(ids[r + 1]) * row : int(ids[r + 1]) * row + off]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint16])
+@pytest.mark.parametrize("ids_dtype", [np.uint8, np.int32, np.int64])
+@pytest.mark.parametrize("row_lines, off_lines, lines", [(1, 0, 1), (3, 1, 2), (64, 0, 64), (5, 1, 3)])
+def test_stream_gather_rows(row_lines, off_lines, lines, ids_dtype, dtype):
+    """GATHER_ROWS rows from r0 on, no joins: dst[(r0+k)*row + off:][:lines] == src[ids[r0+k]*row +
+    off:][:lines] bit for bit, every other element of dst (and around it) unchanged."""
+    rng = np.random.default_rng(row_lines + off_lines)
+    L = tile.LINE // np.dtype(dtype).itemsize
+    row, off = row_lines * L, off_lines * L
+    nsrc, r0 = 37, 3
+    src = rng.integers(0, np.iinfo(dtype).max, size=nsrc * row, dtype=dtype)
+    ids = rng.integers(0, nsrc, size=r0 + tile.GATHER_ROWS + 2).astype(ids_dtype)
+    ids[r0] = nsrc - 1
+    buf = rng.integers(0, np.iinfo(dtype).max, size=ids.size * row + 2 * L, dtype=dtype)
+    first = (-buf.ctypes.data % tile.LINE) // buf.itemsize
+    dst = buf[first : first + ids.size * row]
+    expected = _expected_gather(dst, src, ids, r0, row, off, lines * L, 0)
+    before = buf.copy()
+    _gather_rows(dst, src, ids, r0, row, off, lines * tile.LINE, 0)
+    assert np.array_equal(dst, expected)
+    assert np.array_equal(buf[:first], before[:first]) and np.array_equal(buf[first + dst.size :], before[first + dst.size :])
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint16])
+@pytest.mark.parametrize("joins", [1, 5, tile.GATHER_ROWS])
+@pytest.mark.parametrize("off", [1, 3, 8])
+def test_stream_gather_rows_joins(off, joins, dtype):
+    """Rows not on lines (dst ``off`` elements before a line, ``0 < off < L``): the join line
+    before each of the next ``joins`` rows is the end of one gathered row and the start of the
+    next, including the row after the group (ids[r0 + GATHER_ROWS], the last id here), and
+    nothing else is written; the first row of src among the ids (its start is read masked)."""
+    rng = np.random.default_rng(off * 10 + joins)
+    item = np.dtype(dtype).itemsize
+    L = tile.LINE // item
+    row = 3 * L
+    nsrc, r0 = 29, 2
+    src = rng.integers(0, np.iinfo(dtype).max, size=nsrc * row, dtype=dtype)
+    ids = rng.integers(0, nsrc, size=r0 + tile.GATHER_ROWS + 1).astype(np.int32)
+    ids[r0 + 1] = 0
+    ids[r0] = nsrc - 1
+    buf = rng.integers(0, np.iinfo(dtype).max, size=ids.size * row + 3 * L, dtype=dtype)
+    first = (-buf.ctypes.data % tile.LINE) // item + (L - off)  # dst[off] on a line
+    dst = buf[first : first + ids.size * row]
+    n = row - L  # the whole lines of a row
+    expected = _expected_gather(dst, src, ids, r0, row, off, n, joins)
+    before = buf.copy()
+    _gather_rows(dst, src, ids, r0, row, off, n * item, joins)
+    assert np.array_equal(dst, expected)
+    assert np.array_equal(buf[:first], before[:first]) and np.array_equal(buf[first + dst.size :], before[first + dst.size :])
