@@ -19,9 +19,14 @@ ids into UB and gathers ``row_tile`` rows of ``h_tile`` columns. The indexed dim
 index_select need ``view[dim] >= shape[dim]`` on the indexed dim); only H is tiled, so that the
 row tile fits UB.
 
-Defaults: ``row_tile`` from the profile key ``embedding_row_tile``; ``h_tile`` is the largest
-32-byte-aligned width for which the row tile takes at most half of UB (the other half is the
-double buffer of the next task), capped at H rounded up to the alignment.
+Defaults: ``row_tile`` from the profile key ``embedding_row_tile``, halved while a tile of that
+many whole rows would take more than half of UB (the other half is the double buffer of the next
+task; PyPTO's embedding gathers whole rows), down to the fewest ids that fill a 32-byte block;
+``h_tile`` is the largest 32-byte-aligned width for which the row tile fits that half, capped at
+H rounded up to the alignment: whole rows unless even that few are larger than half of UB (or
+``row_tile`` is given). Split rows cost the CPU too:
+weight[151936, 2048] fp32, ids[8, 2048] ran at 0.79x of copy in tiles of 16 rows x 1536 columns,
+0.89x in tiles of 8 whole rows.
 
 On the CPU a row gather is a memcpy per row with no conversion (16-bit rows are copied as
 ``uint16`` bits). When a task holds whole rows (``h_tile >= H``, the default for typical hidden
@@ -169,14 +174,51 @@ def _gather_stream(w_flat, ids, out_flat, r0, r1, uH, line):
         out_flat[e] = _row_elem(w_flat, ids, e, uH)
 
 
+@device
+def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
+    """Columns ``hb .. hb + vh`` of output rows ``r0 .. r1`` (a task of a plan that splits H):
+    each row's run by whole-line streaming stores, GATHER_ROWS rows at a time when all rows are
+    a whole number of lines (then every run starts at the same offset within a line); the partial
+    lines at a run's two ends (shared with the next column tile's task) with plain stores."""
+    size = np.uint64(out_flat.itemsize)
+    L = np.uint64(LINE) // size
+    base = np.uint64(out_flat.ctypes.data)
+    uhb = np.uint64(hb)
+    uvh = np.uint64(vh)
+    for r in range(r0, r1):  # the partial lines (a run shorter than a line is all partial)
+        e0 = np.uint64(r) * uH + uhb
+        a = min(e0 + (L - (base + e0 * size) % np.uint64(LINE) // size) % L, e0 + uvh)
+        b = a + (e0 + uvh - a) // L * L
+        src = np.uint64(ids[r]) * uH + uhb
+        for c in range(a - e0):
+            out_flat[e0 + c] = w_flat[src + c]
+        for c in range(b - e0, uvh):
+            out_flat[e0 + c] = w_flat[src + c]
+        if uH % L != 0 and b > a:
+            stream_lines(out_flat, a, w_flat, src + (a - e0), (b - a) * size)
+    if uH % L == 0:
+        e0 = np.uint64(r0) * uH + uhb
+        a = min(e0 + (L - (base + e0 * size) % np.uint64(LINE) // size) % L, e0 + uvh)
+        nbytes = (e0 + uvh - a) // L * L * size
+        off = uhb + (a - e0)
+        if nbytes:
+            for g0 in range(r0, r1, GATHER_ROWS):
+                if g0 + GATHER_ROWS <= r1:
+                    stream_gather_rows(out_flat, w_flat, ids, np.uint64(g0), uH, off, nbytes, np.uint64(0))
+                else:
+                    for r in range(g0, r1):
+                        stream_lines(out_flat, np.uint64(r) * uH + off, w_flat, np.uint64(ids[r]) * uH + off, nbytes)
+
+
 # ---------------------------------------------------------------------------------------------
 # kernel: one prange iteration = ``row_tile`` ids x ``h_tile`` columns
 
 
 @kernel(boundscheck=False)
 def _gather_kernel(weight, ids, out, row_tile, h_tile, stream, lines):
-    """``stream`` (whole rows per task, ``h_tile >= H``): whole-line streaming stores of the task's
-    contiguous output rows (``lines``: per-thread LINE-byte scratch); else plain row copies."""
+    """``stream``: whole-line streaming stores, of the task's contiguous output rows when it holds
+    whole rows (``h_tile >= H``; ``lines``: per-thread LINE-byte scratch), else of each row's run
+    of columns; else plain row copies."""
     n = ids.size
     H = weight.shape[1]
     uH = np.uint64(H)
@@ -194,7 +236,10 @@ def _gather_kernel(weight, ids, out, row_tile, h_tile, stream, lines):
         vh = min(h_tile, H - hb)
         ob = np.uint64(hb)
         if stream:
-            _gather_stream(w_flat, ids, out_flat, rb, rb + vr, uH, lines[numba.get_thread_id()])
+            if th == 1:
+                _gather_stream(w_flat, ids, out_flat, rb, rb + vr, uH, lines[numba.get_thread_id()])
+            else:
+                _gather_stream_cols(w_flat, ids, out_flat, rb, rb + vr, uH, hb, vh)
             store_fence()
         else:
             for r in range(rb, rb + vr):
@@ -243,8 +288,14 @@ def _plan(strategy, weight_shape, ids_shape, dtype, ids_dtype, profile, row_tile
     n = math.prod(ids_shape)
     b = dtypes.itemsize(dtype)
     s = ITEMSIZE[ids_dtype]
-    row_tile = prof.tile("embedding_row_tile") if row_tile is None else inputs.positive_int(row_tile, "row_tile", where)
     block = max(1, prof.align_bytes // b)
+    if row_tile is None:
+        row_tile = prof.tile("embedding_row_tile")
+        least = max(1, prof.align_bytes // s)  # the ids tile stays a whole number of 32-byte blocks
+        while row_tile // 2 >= least and h_tile is None and row_tile * align_elems(h, dtype, prof) * b > prof.ub_bytes // 2:
+            row_tile //= 2
+    else:
+        row_tile = inputs.positive_int(row_tile, "row_tile", where)
     if h_tile is None:
         fit = (prof.ub_bytes // 2) // (row_tile * b) // block * block
         h_tile = max(block, min(align_elems(h, dtype, prof), fit))
@@ -405,10 +456,10 @@ def _launch(c, weight, ids, out, copied):
     elif not out.flags.writeable or np.may_share_memory(out, weight):
         _bad_out(c, weight, ids, out)
     out_k = out.view(c.view).reshape(-1, h)
-    # stream whole lines when each task's output is a contiguous run of whole rows and the
-    # result is too large to be re-read from cache (module attribute: tests lower it)
+    # stream whole lines when the result is too large to be re-read from cache (module
+    # attribute: tests lower it)
     p = c.plan
-    stream = p.params["h_tile"] >= h and streamable(out_k, STREAM_MIN_BYTES)
+    stream = streamable(out_k, STREAM_MIN_BYTES)
     slabs = c.scratch.take()
     with Launch(p, c.shapes) as run:
         run.count(_gather_kernel(weight.view(c.view), ids.reshape(-1), out_k,

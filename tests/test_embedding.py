@@ -65,6 +65,21 @@ def test_default_h_tile_fits_ub():
     assert small.params["h_tile"] == 24  # H rounded up to 32 B
 
 
+@pytest.mark.parametrize("H, dtype, ids_dtype, rows, whole", [
+    (2048, "bf16", "int32", 16, True), (2048, "fp32", "int32", 8, True), (4096, "bf16", "int32", 8, True),
+    (4096, "fp32", "int64", 4, True), (4096, "fp32", "int32", 8, False), (8192, "fp32", "int64", 4, False)])
+def test_default_tiles_keep_rows_whole(H, dtype, ids_dtype, rows, whole):
+    """The profile's row tile (16) is halved until a tile of whole rows fits half of UB (96 KiB),
+    down to one 32-byte block of ids (8 int32, 4 int64); below that H is split. A given row_tile
+    keeps its value and splits H."""
+    p = embedding.plan_gather((100, H), (8, 2048), dtype, ids_dtype)
+    b = 4 if dtype == "fp32" else 2
+    assert p.params["row_tile"] == rows and (p.params["h_tile"] >= H) == whole
+    assert rows * p.params["h_tile"] * b <= p.profile.ub_bytes // 2 and p.params["h_tile"] * b % 32 == 0
+    given = embedding.plan_gather((100, 2048), (8, 2048), "fp32", row_tile=16)
+    assert given.params["row_tile"] == 16 and given.params["h_tile"] == 1536
+
+
 @pytest.mark.parametrize("bad,pos", [(-1, [1, 2]), (50, [1, 2]), (10**6, [1, 2])])
 def test_out_of_range_ids(bad, pos, rng):
     w = make((50, 8), "fp32", rng)
@@ -144,16 +159,18 @@ def test_out_argument(rng):
         embedding.gather(w, ids, out=np.empty((2, 5, 16), np.float32))
 
 
+@pytest.mark.parametrize("h_tile", [None, 16, 48])
 @pytest.mark.parametrize("ids_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("row_tile", [8, 24])
 @pytest.mark.parametrize("H", [3, 37, 64, 100, 160])
-def test_streaming_rows_any_alignment(H, row_tile, ids_dtype, dtype, rng, monkeypatch):
+def test_streaming_rows_any_alignment(H, row_tile, ids_dtype, h_tile, dtype, rng, monkeypatch):
     """Whole-line streaming stores (forced by lowering the size threshold): rows shorter and
     longer than a cache line, rows of whole lines (64, 160: GATHER_ROWS rows at a time and the
     last rows of a task one by one, the line between two rows assembled when out is not on a
     line), outputs starting at every 2-byte offset of a line, tasks of one and of several row
-    groups, a row_tile tail, int32 and int64 ids (the last row of the weight among them); exact
-    rows, nothing written outside out, counted Cost == planned."""
+    groups, a row_tile tail, int32 and int64 ids (the last row of the weight among them), tasks
+    of whole rows and of column tiles (h_tile 16 or 48: runs shorter and longer than a line, ending
+    anywhere in one); exact rows, nothing written outside out, counted Cost == planned."""
     monkeypatch.setattr(embedding, "STREAM_MIN_BYTES", 0)
     w = make((50, H), dtype, rng)
     ids = rng.integers(0, 50, size=(3, 13)).astype(ids_dtype)  # 39 ids: either row_tile leaves a tail
@@ -165,7 +182,7 @@ def test_streaming_rows_any_alignment(H, row_tile, ids_dtype, dtype, rng, monkey
         buf = np.zeros(n + 128 // size, w.dtype)
         start = (-buf.ctypes.data % 64 + off_bytes) // size
         out = buf[start : start + n].reshape(ids.shape + (H,))
-        got, rec = run_traced(embedding.gather, w, ids, row_tile=row_tile, out=out)
+        got, rec = run_traced(embedding.gather, w, ids, row_tile=row_tile, h_tile=h_tile, out=out)
         assert got is out
         assert np.array_equal(out.astype(np.float64), expected)
         assert not buf[:start].view(np.uint8).any() and not buf[start + n :].view(np.uint8).any()
