@@ -13,6 +13,7 @@ slower than ``torch.nn.functional.embedding``.
   gather places its own fresh results so; at another offset every load straddles two lines:
   ~0.85x).
 - ``track_vs_torch``: torch.nn.functional.embedding time / gather time (> 1: we are faster).
+- ``EmbeddingWideRowsTrack``: rows of 8 KiB (fp32 H=2048, bf16 H=4096), out= reused, vs copy.
 - ``EmbeddingDecodeTime``: one decode step (ids[1, 1]): what a call costs in Python.
 
 Only 16-bit weights at full size (622 MB); fp32 would need 1.2 GB on a shared 2-core machine.
@@ -100,6 +101,33 @@ class EmbeddingTrack:
         if self.torch is None:
             return math.nan
         return median_ratio(self.ours, self.peer, 9)
+
+
+class EmbeddingWideRowsTrack:
+    """Rows over 4 KiB: 8 KiB rows (fp32 H=2048, bf16 H=4096), weight[32768, H] (256 MB),
+    ids[8, 2048], out= reused, against the copy of the output's bytes. Sixteen such rows are more
+    than half of UB, so the plan takes 8 rows a tile (before: 16 rows x a part of H, at ~0.5x of
+    copy)."""
+
+    params = (["fp32", "bf16"],)
+    param_names = ["dtype"]
+    timeout = 900
+    repeat = 1
+    number = 1
+
+    def setup(self, dtype):
+        rng = np.random.default_rng(0)
+        h = {"fp32": 2048, "bf16": 4096}[dtype]
+        self.w = rng.integers(-1000, 1000, size=(32768, h), dtype=np.int16).astype(
+            np.float32 if dtype == "fp32" else NP[dtype])
+        self.ids = rng.integers(0, 32768, size=IDS).astype(np.int64)
+        self.out = np.empty(IDS + (h,), self.w.dtype)
+        self.ours = lambda: embedding.gather(self.w, self.ids, out=self.out)
+        self.ours()
+        self.copy = copy_peer(self.out.nbytes)
+
+    def track_vs_copy_out(self, dtype):
+        return median_ratio(self.ours, self.copy, 9)
 
 
 class EmbeddingDecodeTime:
