@@ -18,7 +18,7 @@ from pypto_numba.machine.memo import CallMemo
 
 from conftest import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
 
-ROPE_RTOL = {"fp32": 2.0**-21, "bf16": 2.0**-8, "fp16": 2.0**-10}
+STORAGE_RTOL = {"fp32": 2.0**-21, "bf16": 2.0**-8, "fp16": 2.0**-10}  # a few roundings in the storage dtype
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ def test_rope_repeated_signature_same_result_and_cost(kind, dtype, rng):
         got, record = run_traced(call, x2)
         assert len(rope._CALLS) == 1
         assert_cost_matches_plan(record)
-        np.testing.assert_allclose(got.astype(np.float64), oracle(x2), rtol=ROPE_RTOL[dtype], atol=1e-5)
+        np.testing.assert_allclose(got.astype(np.float64), oracle(x2), rtol=STORAGE_RTOL[dtype], atol=1e-5)
     again = call(x, out=np.empty_like(x))  # out= given: a new signature, then kept
     assert np.array_equal(again.view(np.uint8), first.view(np.uint8)) and len(rope._CALLS) == 2
     assert np.array_equal(call(x, out=np.empty_like(x)).view(np.uint8), first.view(np.uint8))
@@ -240,7 +240,7 @@ def test_linear_repeated_signature_same_result_and_cost(m, strategy, dtype, rng)
         assert np.array_equal(fn(x2, w, bias).view(np.uint8), got.view(np.uint8))
         assert np.array_equal(fn(x, w, bias).view(np.uint8), first.view(np.uint8))
         want = ref.linear(x2, w, bias)
-        assert np.allclose(got.astype(np.float64), want, rtol=ROPE_RTOL[dtype] * 4, atol=ROPE_RTOL[dtype] * 4 * np.abs(want).max())
+        assert np.allclose(got.astype(np.float64), want, rtol=STORAGE_RTOL[dtype] * 4, atol=STORAGE_RTOL[dtype] * 4 * np.abs(want).max())
 
 
 def test_linear_copied_inputs_are_not_kept(rng):
