@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import pypto_numba as pn
-from pypto_numba import embedding, linear, reference as ref, rope
+from pypto_numba import attention, embedding, linear, reference as ref, rope
+from pypto_numba.attention import _common as attention_common
 from pypto_numba.errors import ConstraintError, ShapeError
 from pypto_numba.machine import tile
 from pypto_numba.machine.memo import CallMemo
@@ -252,3 +253,65 @@ def test_linear_copied_inputs_are_not_kept(rng):
         assert record.cost.workspace_bytes == w.nbytes
         assert np.array_equal(got, linear.fused_bias(x, w))
     assert len(linear._CALLS) == 1  # only the contiguous call's
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+
+ATTENTION_ATOL = {"fp32": 2e-5, "bf16": 2e-2, "fp16": 3e-3}  # as test_attention
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("strategy", ["standard", "online", "flash"])
+@pytest.mark.parametrize("B, Hq, Hkv, Sq, Skv, D, causal", [(2, 6, 2, 1, 77, 32, False), (1, 4, 2, 9, 150, 16, True)])
+def test_attention_repeated_signature_same_result_and_cost(B, Hq, Hkv, Sq, Skv, D, causal, strategy, dtype, rng):
+    """A call with a kept signature (other q, k, v data) gives the bits of the full path and the
+    oracle's values, with the planned Cost; kv_len by value is part of the signature."""
+    attention_common._CALLS.clear()
+    fn = getattr(attention, strategy)
+    kv_len = np.array([Skv - 5, Skv][:B])
+    call = lambda q, k, v: fn(q, k, v, causal=causal, kv_len=kv_len)  # noqa: E731
+    qkv = [make(s, dtype, rng) for s in ((B, Hq, Sq, D), (B, Hkv, Skv, D), (B, Hkv, Skv, D))]
+    call(*qkv)
+    assert len(attention_common._CALLS) == 1
+    for _ in range(2):
+        qkv2 = [make(a.shape, dtype, rng) for a in qkv]
+        got, record = run_traced(call, *qkv2)
+        assert len(attention_common._CALLS) == 1
+        assert_cost_matches_plan(record)
+        want = ref.attention(*qkv2, causal=causal, kv_len=kv_len)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=ATTENTION_ATOL[dtype])
+        attention_common._CALLS.clear()  # the full path on the same data: the same bits
+        assert np.array_equal(call(*qkv2).view(np.uint8), got.view(np.uint8))
+
+
+def test_attention_kv_len_values_are_the_signature(rng):
+    """kv_len is data that shapes the plan (flash skips tiles past it): other values are another
+    signature, and a kv_len array written to after a call is read anew (the entry keeps a copy)."""
+    attention_common._CALLS.clear()
+    q, k, v = (make(s, "fp32", rng) for s in ((2, 4, 1, 16), (2, 2, 300, 16), (2, 2, 300, 16)))
+    kv_len = np.array([300, 40])
+    first = attention.flash(q, k, v, kv_len=kv_len)
+    kv_len[:] = [40, 300]  # the same array, other values
+    got = attention.flash(q, k, v, kv_len=kv_len)
+    assert len(attention_common._CALLS) == 2
+    want = ref.attention(q, k, v, kv_len=np.array([40, 300]))
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATTENTION_ATOL["fp32"])
+    assert not np.allclose(got, first)
+    again = attention.flash(q, k, v, kv_len=np.array([300, 40]))  # another array of the first values
+    assert np.array_equal(again, first) and len(attention_common._CALLS) == 2
+
+
+def test_attention_masked_and_copied_calls_are_not_kept(rng):
+    attention_common._CALLS.clear()
+    q, k, v = (make(s, "bf16", rng) for s in ((1, 4, 3, 32), (1, 2, 50, 32), (1, 2, 50, 32)))
+    mask = np.where(rng.random((3, 50)) < 0.2, -np.inf, 0.0).astype(np.float32)
+    for _ in range(2):
+        got = attention.online(q, k, v, mask=mask)
+        want = ref.attention(q, k, v, mask=mask)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=ATTENTION_ATOL["bf16"])
+    kt = np.ascontiguousarray(k.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)  # k's values, not contiguous
+    got, record = run_traced(attention.online, q, kt, v)
+    assert record.cost.workspace_bytes == k.nbytes
+    assert np.array_equal(got.view(np.uint16), attention.online(q, k, v).view(np.uint16))
+    assert len(attention_common._CALLS) == 1  # only the last (contiguous, unmasked) call's

@@ -342,12 +342,14 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
           q_tile=None, kv_tile=None, num_splits=None, return_lse=False, profile=None):
     """Fused flash attention (see the module docstring). ``return_lse=True`` -> (out, lse fp32 [B, Hq, Sq])."""
     where = "attention.flash"
-    a = C.validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
     if not isinstance(return_lse, (bool, np.bool_)):
         raise ConstraintError(f"{where}: return_lse must be True or False, got {return_lse!r}")
-    p = plan_flash(a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, q_tile=q_tile,
-                   kv_tile=kv_tile, num_splits=num_splits, return_lse=return_lse, causal=a.causal,
-                   kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa)
+    a, p = C.prepare(where, q, k, v, profile, lambda a: plan_flash(
+        a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, q_tile=q_tile, kv_tile=kv_tile,
+        num_splits=num_splits, return_lse=return_lse, causal=a.causal, kv_len=a.kv_len,
+        has_mask=a.has_mask, gqa=a.gqa),
+        scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa,
+        options=(q_tile, kv_tile, num_splits, return_lse))
     kvt, qt, n_split = p.params["kv_tile"], p.params["q_tile"], p.params["num_splits"]
     out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
     lse = np.empty((a.B, a.Hq, a.Sq), np.float32)

@@ -213,10 +213,10 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
     second P@V with the rounding residual (summed in fp32), "fp32" keeps P in fp32.
     """
     where = "attention.online"
-    a = C.validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
-    p = plan_online(a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, kv_tile=kv_tile,
-                    q_tile=q_tile, pv=pv, causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask,
-                    gqa=a.gqa)
+    a, p = C.prepare(where, q, k, v, profile, lambda a: plan_online(
+        a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, kv_tile=kv_tile, q_tile=q_tile, pv=pv,
+        causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa),
+        scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, options=(kv_tile, q_tile, pv))
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
     out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
     with Launch(p, a.shapes) as run:

@@ -263,9 +263,10 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
 def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", profile=None):
     """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V."""
     where = "attention.standard"
-    a = C.validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
-    p = plan_standard(a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, causal=a.causal,
-                      kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa)
+    a, p = C.prepare(where, q, k, v, profile, lambda a: plan_standard(
+        a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, causal=a.causal, kv_len=a.kv_len,
+        has_mask=a.has_mask, gqa=a.gqa),
+        scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
     qt = p.params["q_tile"]
     out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
     with Launch(p, a.shapes) as run:
