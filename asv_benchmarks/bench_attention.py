@@ -104,6 +104,25 @@ class AttentionDecodeTime:
         self.fn(self.q, self.k, self.v)
 
 
+class AttentionDecodeCallTime:
+    """One decode step on a short cache (q[1, 32, 1, 128], K/V[1, 8, 128, 128] bf16): what a call
+    costs beyond its kernel. A repeated signature skips validation and the plan's key
+    (``attention._common.prepare``): ~220 us per call before, ~170 after (noisy host)."""
+
+    params = (["standard", "online", "flash"],)
+    param_names = ["strategy"]
+    number = 20
+    repeat = (3, 10, 10.0)
+
+    def setup(self, strategy):
+        self.q, self.k, self.v = _decode(1, 128, "bf16")
+        self.fn = getattr(attention, strategy)
+        self.fn(self.q, self.k, self.v)
+
+    def time_decode_call(self, strategy):
+        self.fn(self.q, self.k, self.v)
+
+
 class AttentionDecodeTrack:
     """Decode ratios measured in one process (median of alternating runs)."""
 
