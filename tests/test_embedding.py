@@ -8,8 +8,8 @@ import pytest
 import pypto_numba as pn
 from conftest import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 from pypto_numba import embedding, reference
-from pypto_numba.machine import tile
 from pypto_numba.errors import DTypeError, ShapeError, TileError
+from pypto_numba.machine import tile
 
 
 @pytest.mark.parametrize("ids_dtype", [np.int32, np.int64])
