@@ -24,9 +24,8 @@ many whole rows would take more than half of UB (the other half is the double bu
 task; PyPTO's embedding gathers whole rows), down to the fewest ids that fill a 32-byte block;
 ``h_tile`` is the largest 32-byte-aligned width for which the row tile fits that half, capped at
 H rounded up to the alignment: whole rows unless even that few are larger than half of UB (or
-``row_tile`` is given). Split rows cost the CPU too:
-weight[151936, 2048] fp32, ids[8, 2048] ran at 0.79x of copy in tiles of 16 rows x 1536 columns,
-0.89x in tiles of 8 whole rows.
+``row_tile`` is given). Split rows cost the CPU too: weight[151936, 2048] fp32, ids[8, 2048] ran
+at 0.79x of copy in tiles of 16 rows x 1536 columns, 0.89x in tiles of 8 whole rows.
 
 On the CPU a row gather is a memcpy per row with no conversion (16-bit rows are copied as
 ``uint16`` bits). When a task holds whole rows (``h_tile >= H``, the default for typical hidden
@@ -37,9 +36,10 @@ whole lines go out ``GATHER_ROWS`` at a time, a line of each loaded before any i
 (:func:`stream_gather_rows`). A fresh result starts at the same offset within a page as the
 weight, so each whole output line comes from one weight line and no load waits for a store to
 the same page offset (an ``out=`` at another offset within a line works, with every load
-straddling two lines: 0.85x). ``out=``
-reuses a result array: a fresh 64 MB result costs its page faults (the OS zeroes every new
-page), which is about as much as the gather itself.
+straddling two lines: 0.85x). A task of a column tile streams each row's run of whole lines the
+same way, GATHER_ROWS rows at a time, and writes the partial lines at the run's two ends with
+plain stores. ``out=`` reuses a result array: a fresh 64 MB result costs its page faults (the OS
+zeroes every new page), which is about as much as the gather itself.
 
 Where the weight sits matters a little. weight[151936, 2048] bf16, ids[8, 2048], out in phase,
 2 threads, against the prange copy of the output's bytes: rows starting on a page boundary
