@@ -103,6 +103,16 @@ def _row_elem(w_flat, ids, e, uH):
 
 
 @device
+def _first_line(out_flat, e, stop):
+    """The first element of ``out_flat[e:stop]`` that starts a 64-byte line (``stop`` when none
+    does); uint64, ``out_flat`` a whole number of elements off a line."""
+    size = np.uint64(out_flat.itemsize)
+    L = np.uint64(LINE) // size
+    mis = (np.uint64(out_flat.ctypes.data) + e * size) % np.uint64(LINE) // size
+    return min(e + (L - mis) % L, stop)
+
+
+@device
 def _stream_range(w_flat, ids, out_flat, e, stop, uH, L, line):
     """Whole lines of ``out_flat[e:stop]`` (``e`` and ``stop`` on line boundaries, uint64) from
     their weight rows by streaming stores, in order; a line that straddles rows is assembled in
@@ -161,8 +171,7 @@ def _gather_stream(w_flat, ids, out_flat, r0, r1, uH, line):
     L = np.uint64(LINE) // size  # elements per line
     e0 = np.uint64(r0) * uH
     e1 = np.uint64(r1) * uH
-    mis = (np.uint64(out_flat.ctypes.data) + e0 * size) % np.uint64(LINE) // size
-    a = min(e0 + (L - mis) % L, e1)  # first line-aligned element
+    a = _first_line(out_flat, e0, e1)
     b = a + (e1 - a) // L * L  # end of the last whole line
     for e in range(e0, a):
         out_flat[e] = _row_elem(w_flat, ids, e, uH)
@@ -182,12 +191,11 @@ def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
     lines at a run's two ends (shared with the next column tile's task) with plain stores."""
     size = np.uint64(out_flat.itemsize)
     L = np.uint64(LINE) // size
-    base = np.uint64(out_flat.ctypes.data)
     uhb = np.uint64(hb)
     uvh = np.uint64(vh)
     for r in range(r0, r1):  # the partial lines (a run shorter than a line is all partial)
         e0 = np.uint64(r) * uH + uhb
-        a = min(e0 + (L - (base + e0 * size) % np.uint64(LINE) // size) % L, e0 + uvh)
+        a = _first_line(out_flat, e0, e0 + uvh)
         b = a + (e0 + uvh - a) // L * L
         src = np.uint64(ids[r]) * uH + uhb
         for c in range(a - e0):
@@ -198,7 +206,7 @@ def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
             stream_lines(out_flat, a, w_flat, src + (a - e0), (b - a) * size)
     if uH % L == 0:
         e0 = np.uint64(r0) * uH + uhb
-        a = min(e0 + (L - (base + e0 * size) % np.uint64(LINE) // size) % L, e0 + uvh)
+        a = _first_line(out_flat, e0, e0 + uvh)
         nbytes = (e0 + uvh - a) // L * L * size
         off = uhb + (a - e0)
         if nbytes:
@@ -292,7 +300,8 @@ def _plan(strategy, weight_shape, ids_shape, dtype, ids_dtype, profile, row_tile
     if row_tile is None:
         row_tile = prof.tile("embedding_row_tile")
         least = max(1, prof.align_bytes // s)  # the ids tile stays a whole number of 32-byte blocks
-        while row_tile // 2 >= least and h_tile is None and row_tile * align_elems(h, dtype, prof) * b > prof.ub_bytes // 2:
+        row_bytes = align_elems(h, dtype, prof) * b
+        while h_tile is None and row_tile // 2 >= least and row_tile * row_bytes > prof.ub_bytes // 2:
             row_tile //= 2
     else:
         row_tile = inputs.positive_int(row_tile, "row_tile", where)

@@ -37,6 +37,19 @@ VEC_BYTES = 32  # one AVX vector: the unit of stream_copy
 LINE = 64  # bytes: one cache line, the unit of stream_lines
 
 
+def _stream_store(builder, value, ptr, align):
+    """IR: a streaming (non-temporal) store of ``value`` to ``ptr`` (``align``-byte aligned)."""
+    store = builder.store(value, ptr, align=align)
+    store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+
+
+def _splat(builder, value, vty):
+    """IR: a vector of type ``vty`` with ``value`` in every lane."""
+    lane0 = builder.insert_element(ir.Constant(vty, None), value, ir.Constant(ir.IntType(32), 0))
+    zeros = ir.Constant(ir.VectorType(ir.IntType(32), vty.count), [0] * vty.count)
+    return builder.shuffle_vector(lane0, ir.Constant(vty, None), zeros)
+
+
 def _stream_loop(builder, dst_ptr, src_ptr, nbytes, width, src_align):
     """IR: copy ``nbytes // width`` vectors of ``width`` bytes from ``src_ptr`` to ``dst_ptr``
     with streaming (non-temporal) stores; ``dst_ptr`` must be ``width``-aligned."""
@@ -44,11 +57,9 @@ def _stream_loop(builder, dst_ptr, src_ptr, nbytes, width, src_align):
     dp = builder.bitcast(dst_ptr, vec.as_pointer())
     sp = builder.bitcast(src_ptr, vec.as_pointer())
     count = builder.udiv(nbytes, ir.Constant(nbytes.type, width))
-    nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
     with cgutils.for_range(builder, count) as loop:
         v = builder.load(builder.gep(sp, [loop.index]), align=src_align)
-        store = builder.store(v, builder.gep(dp, [loop.index]), align=width)
-        store.set_metadata("nontemporal", nontemporal)
+        _stream_store(builder, v, builder.gep(dp, [loop.index]), width)
 
 
 @intrinsic
@@ -163,29 +174,23 @@ def stream_gather_rows(typingctx, dst, src, ids, r0, row, off, nbytes, joins):
         live = [builder.icmp_unsigned("<", ir.Constant(i64, k), joins) for k in range(GATHER_ROWS)]
         nxt = [builder.select(live[k], rids[k + 1], rids[k]) for k in range(GATHER_ROWS - 1)]
         nxt.append(row_id(builder.select(live[-1], builder.add(rows[-1], one), rows[-1])))  # ids past the group
-        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
         with cgutils.for_range(builder, builder.udiv(nbytes, ir.Constant(i64, LINE))) as loop:
             lines = [builder.load(builder.gep(sp, [loop.index]), align=1) for sp in sps]
             for dp, v in zip(dps, lines):
-                builder.store(v, builder.gep(dp, [loop.index]), align=LINE).set_metadata("nontemporal", nontemporal)
+                _stream_store(builder, v, builder.gep(dp, [loop.index]), LINE)
         # the joins: lanes [0, tail) end src row ids[r0 + k], lanes [tail, L) start ids[r0 + k + 1]
-        tail = builder.trunc(builder.sub(ir.Constant(i64, L), off), el)
-        lanes = ir.Constant(evec, list(range(L)))
-        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(evec, None), tail, ir.Constant(ir.IntType(32), 0)),
-                                       ir.Constant(evec, None), ir.Constant(ir.VectorType(ir.IntType(32), L), [0] * L))
-        head = builder.icmp_unsigned("<", lanes, splat)
+        tail = builder.sub(ir.Constant(i64, L), off)
+        head = builder.icmp_unsigned("<", ir.Constant(evec, list(range(L))), _splat(builder, builder.trunc(tail, el), evec))
         mvec = ir.VectorType(ir.IntType(1), L)
         masked_load = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(evec, [evec.as_pointer(), ir.IntType(32), mvec, evec]),
             f"llvm.masked.load.v{L}i{el.width}.p0")
         align = ir.Constant(ir.IntType(32), el.width // 8)
-        tail64 = builder.sub(ir.Constant(i64, L), off)
         joined = []
         for k in range(GATHER_ROWS):
-            on = builder.shuffle_vector(builder.insert_element(ir.Constant(mvec, None), live[k], ir.Constant(ir.IntType(32), 0)),
-                                        ir.Constant(mvec, None), ir.Constant(ir.VectorType(ir.IntType(32), L), [0] * L))
-            a_ptr = builder.gep(s.data, [builder.sub(builder.mul(builder.add(rids[k], one), row), tail64)])
-            b_ptr = builder.gep(s.data, [builder.sub(builder.mul(nxt[k], row), tail64)])  # lane tail = row start
+            on = _splat(builder, live[k], mvec)
+            a_ptr = builder.gep(s.data, [builder.sub(builder.mul(builder.add(rids[k], one), row), tail)])
+            b_ptr = builder.gep(s.data, [builder.sub(builder.mul(nxt[k], row), tail)])  # lane tail = row start
             v = builder.call(masked_load, [builder.bitcast(a_ptr, evec.as_pointer()), align, builder.and_(head, on),
                                            ir.Constant(evec, None)])
             joined.append(builder.call(masked_load, [builder.bitcast(b_ptr, evec.as_pointer()), align,
@@ -193,8 +198,7 @@ def stream_gather_rows(typingctx, dst, src, ids, r0, row, off, nbytes, joins):
         for k in range(GATHER_ROWS):
             with builder.if_then(live[k]):
                 at = builder.sub(builder.add(builder.mul(builder.add(rows[k], one), row), off), ir.Constant(i64, L))
-                dp = builder.bitcast(builder.gep(d.data, [at]), evec.as_pointer())
-                builder.store(joined[k], dp, align=LINE).set_metadata("nontemporal", nontemporal)
+                _stream_store(builder, joined[k], builder.bitcast(builder.gep(d.data, [at]), evec.as_pointer()), LINE)
         return context.get_dummy_value()
 
     return types.void(dst, src, ids, types.uint64, types.uint64, types.uint64, types.uint64, types.uint64), codegen
