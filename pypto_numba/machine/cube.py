@@ -346,18 +346,21 @@ def _fma(builder, acc, x, y):
     return builder.fadd(acc, builder.fmul(x, y, flags=flags), flags=flags)
 
 
-def _prefetch(builder, ptr):
-    """``prefetcht0`` of the line holding ``ptr`` (a hint: never faults, changes no result)."""
+def _prefetch(builder, ptr, locality=3):
+    """Prefetch the line holding ``ptr``: ``prefetcht0`` (locality 3) or, with locality 2,
+    ``prefetcht1`` (into L2, not L1). A hint: never faults, changes no result."""
     i8p = ir.IntType(8).as_pointer()
     i32 = ir.IntType(32)
     fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
 
 
-def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols, lanes=V16, ahead=0):
+def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols, lanes=V16, ahead=0, far=None):
     """The rows x cols accumulators of a register-blocked dot product over ``lanes*nvec`` elements.
 
-    ``ahead`` > 0: each step also prefetches every weight row ``ahead`` elements further on."""
+    ``ahead`` > 0: each step also prefetches every weight row ``ahead`` elements further on.
+    ``far`` (an i64 value; 0 at run time: none): each step also prefetches, into L2, the same
+    elements of the weight rows ``far`` elements on (the rows a later pass will read)."""
     f32 = ir.FloatType()
     i64 = ir.IntType(64)
     v16 = ir.VectorType(f32, lanes)
@@ -370,6 +373,10 @@ def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols, l
         if ahead:
             for wr in wrows:
                 _prefetch(builder, builder.gep(w_data, [builder.add(wr, builder.add(q, ir.Constant(i64, ahead)))]))
+        if far is not None:
+            with builder.if_then(builder.icmp_unsigned("!=", far, ir.Constant(i64, 0))):
+                for wr in wrows:
+                    _prefetch(builder, builder.gep(w_data, [builder.add(builder.add(wr, far), q)]), locality=2)
         ws = [_vload_widen(builder, w_data, builder.add(wr, q), w.dtype, lanes) for wr in wrows]
         for i in range(rows):
             x = _vload(builder, a_data, builder.add(arows[i], q), v16, 4)
@@ -380,13 +387,35 @@ def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols, l
 
 def _dot_codegen(context, builder, sig, args, cols, lanes, rows=4, ahead=0):
     """The accumulators of a ``rows`` x ``cols`` block for an intrinsic typed
-    ``(a, r0, lda, w, w0, ldw, nvec, res)``, and the ``res`` array they are stored to."""
+    ``(a, r0, lda, w, w0, ldw, nvec, res[, far])``, and the ``res`` array they are stored to
+    (``far``: see :func:`_dot_block`)."""
     a_arr = context.make_array(sig.args[0])(context, builder, args[0])
     w_arr = context.make_array(sig.args[3])(context, builder, args[3])
     r_arr = context.make_array(sig.args[7])(context, builder, args[7])
     accs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
-                      args[6], rows, cols, lanes, ahead)
+                      args[6], rows, cols, lanes, ahead, args[8] if len(args) > 8 else None)
     return accs, r_arr
+
+
+def _dot_intrinsic(name, codegen, stream=False):
+    """An intrinsic typed ``void(a, r0, lda, w, w0, ldw, nvec, res[, far])`` (``far`` when
+    ``stream``; see :func:`_dot_block`): ``a`` and ``res`` fp32 arrays, ``w`` a storage array,
+    offsets uint64; ``codegen`` its code generator."""
+    u64 = types.uint64
+
+    def typed(a, w, res, *far):
+        if not (_f32_array(a) and _storage_ok(w) and _f32_array(res)):
+            return None
+        return types.void(a, u64, u64, w, u64, u64, u64, res, *far), codegen
+
+    if stream:
+        def dot(typingctx, a, r0, lda, w, w0, ldw, nvec, res, far):
+            return typed(a, w, res, u64)
+    else:
+        def dot(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
+            return typed(a, w, res)
+    dot.__name__ = name
+    return intrinsic(dot)
 
 
 def _store_tree_sums(builder, accs, r_arr):
@@ -403,76 +432,61 @@ def _store_tree_sums(builder, accs, r_arr):
         builder.store(total, builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), k)]))
 
 
-@intrinsic
-def dot4x2(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
-    """``res[2*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i < 4, j < 2 and
-    ``q < 16*nvec``: the linear decode register block (4 rows of x, 2 weight rows).
-
-    With 256-bit vectors a decode step with 8 rows of ``a`` needs 8 FMA lanes per weight element,
-    near the FMA issue limit for 16-bit weights (estimate: ~22 GB/s of bf16 weights on 2 cores);
-    512-bit vectors halve that. 8 vector accumulators, each reduced once at the end.
-    """
-    if not (_f32_array(a) and _storage_ok(w) and _f32_array(res)):
-        return None
+def _tree_sums_codegen(cols, rows=4):
+    """Code generator of a ``rows`` x ``cols`` 512-bit block reduced by :func:`_store_tree_sums`."""
 
     def codegen(context, builder, sig, args):
-        accs, r_arr = _dot_codegen(context, builder, sig, args, 2, V16)
+        accs, r_arr = _dot_codegen(context, builder, sig, args, cols, V16, rows=rows)
         _store_tree_sums(builder, accs, r_arr)
         return context.get_dummy_value()
 
-    return types.void(a, types.uint64, types.uint64, w, types.uint64, types.uint64, types.uint64, res), codegen
+    return codegen
 
 
-@intrinsic
-def dot1x4(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
-    """``res[j] = sum_q a[r0 + q] * widen(w[w0 + j*ldw + q])`` for j < 4 and ``q < 16*nvec``: one
-    row of ``a`` against four weight rows (decode with fewer than 4 rows of x left): one load of
-    ``a`` per four FMAs, and four weight rows streamed side by side. Sums as :func:`dot4x2`."""
-    if not (_f32_array(a) and _storage_ok(w) and _f32_array(res)):
-        return None
+dot4x2 = _dot_intrinsic("dot4x2", _tree_sums_codegen(2))
+dot4x2.__doc__ = """``res[2*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i < 4, j < 2 and
+``q < 16*nvec``: the linear decode register block (4 rows of x, 2 weight rows).
 
-    def codegen(context, builder, sig, args):
-        accs, r_arr = _dot_codegen(context, builder, sig, args, 4, V16, rows=1)
-        _store_tree_sums(builder, accs, r_arr)
-        return context.get_dummy_value()
+With 256-bit vectors a decode step with 8 rows of ``a`` needs 8 FMA lanes per weight element,
+near the FMA issue limit for 16-bit weights (estimate: ~22 GB/s of bf16 weights on 2 cores);
+512-bit vectors halve that. 8 vector accumulators, each reduced once at the end.
+"""
 
-    return types.void(a, types.uint64, types.uint64, w, types.uint64, types.uint64, types.uint64, res), codegen
+dot1x4 = _dot_intrinsic("dot1x4", _tree_sums_codegen(4, rows=1))
+dot1x4.__doc__ = """``res[j] = sum_q a[r0 + q] * widen(w[w0 + j*ldw + q])`` for j < 4 and ``q < 16*nvec``: one
+row of ``a`` against four weight rows (decode with fewer than 4 rows of x left): one load of
+``a`` per four FMAs, and four weight rows streamed side by side. Sums as :func:`dot4x2`."""
+dot1x4_stream = _dot_intrinsic("dot1x4_stream", _tree_sums_codegen(4, rows=1), stream=True)
+"""``dot1x4`` that also prefetches the weight rows ``far`` elements on (see :func:`_dot_block`)."""
 
 
-def _dot4x4(lanes, ahead=0):
+def _dot4x4(lanes, ahead=0, stream=False):
     """The intrinsic ``dot4x4`` for vectors of ``lanes`` fp32 (see :func:`dot4x4`); ``ahead``:
-    prefetch distance in weight elements (0: none)."""
+    prefetch distance in weight elements (0: none); ``stream``: it takes a ``far`` argument
+    (see :func:`_dot_block`)."""
 
-    def dot(typingctx, a, r0, lda, w, w0, ldw, nvec, res):
-        if not (_f32_array(a) and _storage_ok(w) and _f32_array(res)):
-            return None
+    def codegen(context, builder, sig, args):
+        vecs, r_arr = _dot_codegen(context, builder, sig, args, 4, lanes, ahead=ahead)
+        i32 = ir.IntType(32)
+        parts = lanes  # partial sums per accumulator in each vector (lanes // parts accumulators)
+        while parts > 1:
+            half = parts // 2
+            accs2 = 2 * (lanes // parts)  # accumulators in the concatenation of two vectors
+            lo_mask = [acc * parts + p for acc in range(accs2) for p in range(half)]
+            hi_mask = [acc * parts + half + p for acc in range(accs2) for p in range(half)]
+            nxt = []
+            for x, y in zip(vecs[0::2], vecs[1::2]):
+                lo = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, lanes), lo_mask))
+                hi = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, lanes), hi_mask))
+                nxt.append(builder.fadd(lo, hi))
+            vecs = nxt
+            parts = half
+        for idx, vec in enumerate(vecs):  # 16 // lanes vectors of results, in order
+            ptr = builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), idx * lanes)])
+            builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
+        return context.get_dummy_value()
 
-        def codegen(context, builder, sig, args):
-            vecs, r_arr = _dot_codegen(context, builder, sig, args, 4, lanes, ahead=ahead)
-            i32 = ir.IntType(32)
-            parts = lanes  # partial sums per accumulator in each vector (lanes // parts accumulators)
-            while parts > 1:
-                half = parts // 2
-                accs2 = 2 * (lanes // parts)  # accumulators in the concatenation of two vectors
-                lo_mask = [acc * parts + p for acc in range(accs2) for p in range(half)]
-                hi_mask = [acc * parts + half + p for acc in range(accs2) for p in range(half)]
-                nxt = []
-                for x, y in zip(vecs[0::2], vecs[1::2]):
-                    lo = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, lanes), lo_mask))
-                    hi = builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, lanes), hi_mask))
-                    nxt.append(builder.fadd(lo, hi))
-                vecs = nxt
-                parts = half
-            for idx, vec in enumerate(vecs):  # 16 // lanes vectors of results, in order
-                ptr = builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), idx * lanes)])
-                builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
-            return context.get_dummy_value()
-
-        u64 = types.uint64
-        return types.void(a, u64, u64, w, u64, u64, u64, res), codegen
-
-    dot.__name__ = f"dot4x4_{lanes}_{ahead}"
-    return intrinsic(dot)
+    return _dot_intrinsic(f"dot4x4_{lanes}_{ahead}" + ("_stream" if stream else ""), codegen, stream)
 
 
 # fp32 lanes of dot4x4's vectors. 256-bit: in cache as fast as 512-bit (19 ns per key at G=4,
@@ -493,13 +507,23 @@ instead of a tree per accumulator, and the last vectors hold the results in orde
 # already runs 512-bit (dot4x2)
 dot4x4_v16 = _dot4x4(V16)
 
-# Weight elements the decode block prefetches ahead on its first pass over four weight rows (512 B
-# of fp32, 256 B of bf16 per row). At M = 8 the block does 128 MACs per weight line, so the
+# Weight elements the decode block prefetches ahead on its first pass over four weight rows (1 KiB
+# of fp32, 512 B of bf16 per row). At M = 8 the block does 128 MACs per weight line, so the
 # out-of-order window holds few line fills and the hardware prefetcher alone lets the weight
-# stream stall: 1.03-1.07x at M = 8 with fp32 and bf16 weights, K = 4096, N = 1024 (in L3) and
-# 4096 (DRAM), 2 threads; 256 ahead about the same, 512 no gain or slower. Hints only: same bits.
-SKINNY_AHEAD = 128
-dot4x4_v16_pf = _dot4x4(V16, SKINNY_AHEAD)
+# stream stall. Measured on the 2-core Xeon: 128 ahead 1.03-1.07x at M = 8 (fp32 and bf16 weights,
+# K = 4096, N = 1024 and 4096, 2 threads), 512 no gain. On the 2-core EPYC (Zen 4), with the far
+# prefetch below: 256 ahead 1.01-1.07x faster than 128 at M in {1, 4, 8}, fp32/bf16/fp16, in 4 of 4
+# paired runs. Hints only: same bits.
+SKINNY_AHEAD = 256
+
+# The first pass also prefetches, into L2, the same elements of the weight rows SKINNY_ROWS rows on
+# (the next group, which walk_task streams next; ``far`` = its distance in elements, 0 for the
+# task's last group), so a group is on its way from DRAM while the one before it is computed: the
+# near prefetch is some 80 ns ahead, short of a DRAM fill under load. Measured on the 2-core EPYC,
+# K = N = 4096, 2 threads, paired runs in one process: fp32 M = 8 1.17-1.23x faster
+# (2.4-2.7 -> 1.9-2.2 ms), M = 4 1.25x, bf16 M = 1 1.48x, bf16 M = 8 1.17x, fp16 M = 8 1.10x;
+# a group further (16 rows) no better; a weight in L3 (N = 1024) unchanged. Same bits.
+dot4x4_v16_stream = _dot4x4(V16, SKINNY_AHEAD, stream=True)
 
 
 def _outer(rows, vecs, lanes=V16):
@@ -641,7 +665,7 @@ def outer_rows(c, c0, ldc, a, a0, lda, w, w0, ldw, m, ncols, k):
 
 
 @device(boundscheck=False)
-def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
+def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res, far):
     """``c[i, j0+j] += sum_q a[abase + i*lda + q] * widen(w[wbase + j*ldw + q])``, i < m, j < n, q < k.
 
     The decode (skinny) step on flat views: ``a`` fp32 (rows of x), ``w`` the weight in its
@@ -650,8 +674,10 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
     per 4 weight rows), then 4 x 2 (:func:`dot4x2`: 6 loads per 8 FMAs) for a last pair, 512-bit
     vectors, then the < 16-element rest in plain code. Rows of ``a`` left over take 1 x 4 blocks
     (:func:`dot1x4`: M=1 decode with bf16 weights 1.18x faster than a plain loop per weight row);
-    weight rows left over use plain loops. The first 4-row pass over each four weight rows
-    prefetches them SKINNY_AHEAD elements ahead (a hint past a row's end reads nothing). With 8
+    weight rows left over use plain loops. The first pass over each four weight rows prefetches
+    them SKINNY_AHEAD elements ahead (a hint past a row's end reads nothing) and, when ``far`` is
+    not 0, the same elements of the rows ``far`` elements on into L2 (the rows the caller streams
+    next; those rows must exist). With 8
     rows of ``a`` (128 KiB at K = 4096, from L2) the 4 x 2 blocks alone ran at ~11 GB/s of
     weight whether the weight came from DRAM or from cache: bound by the re-reads of ``a``, not
     by memory. ``res``: 16 fp32 scratch slots. Every sum is serial within the task;
@@ -670,7 +696,7 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
         while i + 4 <= m:
             r0 = ab + np.uint64(i) * ua
             if i == 0:  # the first pass over these weight rows streams them from memory
-                dot4x4_v16_pf(a, r0, ua, w, w0, uw, nv, res)
+                dot4x4_v16_stream(a, r0, ua, w, w0, uw, nv, res, np.uint64(far))
             else:
                 dot4x4_v16(a, r0, ua, w, w0, uw, nv, res)
             for ii in range(np.uint64(4)):
@@ -684,7 +710,10 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res):
             i += 4
         while i < m:
             ri = ab + np.uint64(i) * ua
-            dot1x4(a, ri, ua, w, w0, uw, nv, res)
+            if i == 0:  # fewer than 4 rows of a: this is the first pass
+                dot1x4_stream(a, ri, ua, w, w0, uw, nv, res, np.uint64(far))
+            else:
+                dot1x4(a, ri, ua, w, w0, uw, nv, res)
             for jj in range(np.uint64(4)):
                 wj = w0 + jj * uw
                 s = res[jj]
@@ -834,9 +863,10 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
         bw = b.reshape(-1)  # the weight in its storage dtype, widened on the fly
         for jb in range(0, vn, SKINNY_ROWS):  # weight rows streamed together over the whole of K
             vj = min(SKINNY_ROWS, vn - jb)
+            far = SKINNY_ROWS * K if jb + 2 * SKINNY_ROWS <= vn else 0  # the next group, if whole
             for kk in range(0, K, k1):
                 vk1 = min(k1, K - kk)
-                gemv_rows(c, jb, vm, vj, af, ar0 * lda + kk, lda, bw, (nb + jb) * K + kk, K, vk1, wf)
+                gemv_rows(c, jb, vm, vj, af, ar0 * lda + kk, lda, bw, (nb + jb) * K + kk, K, vk1, wf, far)
         flops += 2 * vm * vn * K
     elif f32 and merge_k:
         # fp32 operands are used in place, so the kL1 chunks need no staging on the CPU: the
