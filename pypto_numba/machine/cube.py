@@ -49,16 +49,14 @@ CPU implementation (what makes it fast, none of it changes the NPU semantics abo
   call per task would oversubscribe the 2 cores). :func:`run_walk` sets SciPy's OpenBLAS -- a
   library separate from NumPy's -- to one thread around the kernel and restores it afterwards
   (:func:`single_thread_blas`), so NumPy's own BLAS (the benchmark peer) keeps its threads.
-- Skinny M (decode, ``M < SKINNY_M`` = 16 by default, fp32 from ``SKINNY_MIN_F32`` = 4 rows):
-  hand-written loops instead of BLAS. Per
+- Skinny M (decode, ``M < SKINNY_M`` = 16 by default): hand-written loops instead of BLAS. Per
   kL1 step, every weight row of the block is streamed once against all rows of ``a`` in register
   blocks of 4 rows of ``a`` x 4 weight rows, 1 x 4 for the rows of ``a`` left over
   (:func:`gemv_rows`; 16-bit weights widened on the fly; ``SKINNY_ROWS`` weight rows streamed
-  side by side, prefetched ahead), one fp32 partial sum per L0C value and kL1 step; same walk,
-  same counts. BLAS's gemm with
-  a tiny M packs each weight panel (read, write, read again) before using it: measured on the
-  2-core test machine (K = N = 4096), M = 8 streamed the weight at 0.32x (fp32) and 0.49x (bf16)
-  of copy bandwidth through BLAS.
+  side by side, prefetched ahead, the next group into L2), one fp32 partial sum per L0C value and
+  kL1 step; same walk, same counts. BLAS's gemm with a tiny M packs each weight panel (read,
+  write, read again) before using it: measured on the 2-core test machine (K = N = 4096), M = 8
+  streamed the weight at 0.32x (fp32) and 0.49x (bf16) of copy bandwidth through BLAS.
 - fp32 prefill: the walk's blocks are grouped into BLAS calls of about ``GROUP_EDGE`` (1024)
   squared outputs (:func:`group_task`; counts per block as in the walk). One sgemm per 256 x 256
   block ran at 0.80-0.93x NumPy's two-threaded ``x @ w.T + b`` (M = 2048, K = N = 4096); 512 x 512
@@ -104,7 +102,6 @@ from .profile import HardwareProfile, load_profile
 
 __all__ = [
     "SKINNY_M",
-    "SKINNY_MIN_F32",
     "blas_available",
     "CubeWalk",
     "plan_walk",
@@ -122,12 +119,10 @@ __all__ = [
 
 SKINNY_M = 16
 """Below this many rows of ``a`` (one 16-row cube fractal: decode) the walk uses the hand-written
-skinny loops by default instead of BLAS (see the module notes)..."""
-
-SKINNY_MIN_F32 = 4
-"""... except fp32 operands with fewer rows than this: OpenBLAS forwards a gemm with one row to
-its gemv kernel, which streamed an fp32 weight faster than the loops (measured at M = 1, one
-thread: 0.62x vs 0.47x of copy bandwidth); 16-bit weights would need a widened copy first."""
+skinny loops by default instead of BLAS (see the module notes). fp32 too, from one row: OpenBLAS
+forwards a one-row gemm to gemv, which streamed the weight about as fast as the loops do
+(M = 1, K = N = 4096, 2 threads: 1.63 vs 1.57 ms), but two or three rows to a gemm that packs
+the weight first (7.0 and 7.6 ms against 1.55 and 1.82 ms)."""
 
 # ----------------------------------------------------------------------------------------------
 # BLAS binding: sgemm from SciPy's cython_blas as an external symbol (resolved at link time by
@@ -1128,7 +1123,7 @@ def run_walk(a_k: np.ndarray, b_k: np.ndarray, bias_k, out_k: np.ndarray, walk_o
     """Run :func:`matmul_nt_kernel` on 2-D kernel views with a walk's tiles; returns its counters.
 
     ``bias_k`` is a 1-D kernel view or None; ``skinny`` forces (True) or forbids (False) the
-    hand-written decode loops (default: ``M < SKINNY_M``, for fp32 also ``M >= SKINNY_MIN_F32``); ``merge_k`` issues the kL0 steps of
+    hand-written decode loops (default: ``M < SKINNY_M``); ``merge_k`` issues the kL0 steps of
     one kL1 chunk as one BLAS call (default) instead of one call per kL0 step (same counts, same
     fp32 accumulation; only the order of the fp32 additions inside the chunk differs); ``group``
     (fp32 with ``merge_k``, ``M >= SKINNY_M`` only) runs groups of walk blocks as one BLAS call of about
@@ -1146,7 +1141,7 @@ def run_walk(a_k: np.ndarray, b_k: np.ndarray, bias_k, out_k: np.ndarray, walk_o
         bias_k = np.zeros(1, a_k.dtype)
     if skinny is None:
         m = a_k.shape[0]
-        skinny = m < SKINNY_M and (a_k.dtype != np.float32 or m >= SKINNY_MIN_F32)
+        skinny = m < SKINNY_M
     skinny = bool(skinny)
     if skinny and a_k.dtype == np.float32 and tile.address(a_k) % tile.ALIGN:
         # decode reads fp32 rows of a in place, with every 64-byte vector load of them split
