@@ -258,6 +258,92 @@ def test_dot1x4_register_block(dt, k, nvec, rng):
         assert np.abs(out).max() > 0.1
 
 
+def _pairs_sums(a, w, steps, odd_first=True):
+    """NumPy float32 model of the bf16 pairs blocks (cube._pairs_step): lane l of an accumulator
+    adds a[2l+1]*w[2l+1], then a[2l]*w[2l], for each 32-element step (products exact in fp32, each
+    sum rounded to nearest even), then the 16 lanes are summed by halves (16 -> 8 -> 4 -> 2 -> 1).
+    ``odd_first=False``: the even element first (the wrong order, to show the test can tell)."""
+    out = np.empty((a.shape[0], w.shape[0]), np.float32)
+    first, second = (slice(1, None, 2), slice(0, None, 2))[:: 1 if odd_first else -1]
+    for i in range(a.shape[0]):
+        for j in range(w.shape[0]):
+            acc = np.zeros(16, np.float32)
+            for s in range(steps):
+                x = a[i, 32 * s: 32 * s + 32].astype(np.float32)
+                y = w[j, 32 * s: 32 * s + 32].astype(np.float32)
+                acc = acc + x[first] * y[first]
+                acc = acc + x[second] * y[second]
+            while acc.size > 1:
+                acc = acc[: acc.size // 2] + acc[acc.size // 2:]
+            out[i, j] = acc[0]
+    return out
+
+
+def _pairs_kernels(hw):
+    """njit drivers of the 4x4 and 1x4 pairs blocks; hw: VDPBF16PS (True), the FMA form (False)
+    or whatever numba's target has ("auto": the blocks the decode loops use)."""
+    if hw == "auto":
+        b44, b14 = cube.dot4x4_pairs_stream, cube.dot1x4_pairs_stream
+    else:
+        b44 = cube._dot4x4(cube.V16, cube.SKINNY_AHEAD, stream=True, pairs=hw)
+        b14 = cube._dot_intrinsic(f"dot1x4_pairs_test_{hw}", cube._tree_sums_codegen(4, rows=1, pairs=hw),
+                                  stream=True, pairs=True)
+
+    @numba.njit
+    def run(a, w, nvec, res, out4, out1):
+        lda = np.uint64(a.shape[1])
+        ldw = np.uint64(w.shape[1])
+        af = a.reshape(-1)
+        wf = w.reshape(-1)
+        far = np.uint64(4) * ldw  # prefetch hints for the next four weight rows (they exist)
+        b44(af, np.uint64(0), lda, wf, np.uint64(0), ldw, np.uint64(nvec), res, far)
+        for e in range(16):
+            out4[e // 4, e % 4] = res[e]
+        for i in range(4):
+            b14(af, np.uint64(i) * lda, lda, wf, np.uint64(0), ldw, np.uint64(nvec), res, np.uint64(0))
+            for e in range(4):
+                out1[i, e] = res[e]
+
+    return run
+
+
+def _host_has_bf16_dot():
+    import llvmlite.binding as llvm
+
+    features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    return "+avx512bf16" in features.split(",")
+
+
+@pytest.mark.parametrize("hw", [False, True, "auto"])
+@pytest.mark.parametrize("k, nvec", [(96, 3), (70, 2), (32, 1), (40, 0)])
+def test_bf16_pairs_blocks_sum_in_pairs(hw, k, nvec, rng):
+    """The bf16 decode blocks (cube.dot4x4_pairs / dot1x4_pairs and their VDPBF16PS and FMA forms)
+    give exactly the bits of the pairs order, modelled in NumPy float32, over the first 32*nvec
+    elements (NaN past them would poison the sums); the 4x4 and 1x4 blocks agree."""
+    if hw is True and not _host_has_bf16_dot():
+        pytest.skip("this CPU has no AVX512_BF16 (VDPBF16PS)")
+
+    def spread(shape):  # magnitudes 2^-6 .. 2^6: most additions round
+        return (rng.standard_normal(shape) * 2.0 ** rng.integers(-6, 7, size=shape)).astype(NP_DTYPE["bf16"])
+
+    a, w = spread((4, k)), spread((8, k))
+    used = 32 * nvec
+    a[:, used:] = np.nan
+    res = np.full(16, np.nan, np.float32)
+    out4 = np.full((4, 4), np.nan, np.float32)
+    out1 = np.full((4, 4), np.nan, np.float32)
+    _pairs_kernels(hw)(dtypes.kernel_view(a), dtypes.kernel_view(w), nvec, res, out4, out1)
+    want = _pairs_sums(a, w[:4], nvec)
+    assert np.array_equal(out4.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(out1.view(np.uint32), want.view(np.uint32))
+    if nvec:
+        assert np.abs(want).max() > 0.1
+        exact = a[:, :used].astype(np.float64) @ w[:4, :used].astype(np.float64).T
+        np.testing.assert_allclose(out4, exact, rtol=1e-5, atol=1e-3 * used ** 0.5)
+    if nvec >= 3:  # the comparison is sharp: the other order of a pair gives other bits
+        assert not np.array_equal(out4, _pairs_sums(a, w[:4], nvec, odd_first=False))
+
+
 @numba.njit(cache=True)
 def _outer_rows(c, c0, ldc, a, a0, lda, w, w0, ldw, m, ncols, k):
     cube.outer_rows(c, c0, ldc, a, a0, lda, w, w0, ldw, m, ncols, k)
