@@ -27,6 +27,11 @@ is never less precise: it rounds once. With ``bias=None`` both are the single cu
 
 Default tiles: the profile's ``linear_cube_tiles``, or ``linear_decode_cube_tiles`` when
 ``M < 16`` (decode: one 16-row fractal, so L1/L0A/L0C hold no dead rows).
+
+On the CPU, M >= 16 runs BLAS sgemm on fp32 (16-bit operands widened exactly); M < 16 runs the
+cube's decode loops, streaming the weight once. bf16 decode multiplies x and the weight as stored,
+in pairs of elements (``VDPBF16PS`` where the CPU has AVX512_BF16, else the same sums by FMAs:
+the same bits, except that ``VDPBF16PS`` flushes subnormal inputs and sums to zero).
 """
 
 from __future__ import annotations
