@@ -56,9 +56,10 @@ CPU implementation (what makes it fast, none of it changes the NPU semantics abo
   side by side, prefetched ahead, the next group into L2), one fp32 partial sum per L0C value and
   kL1 step; same walk, same counts. bf16 operands are both read as stored and multiplied in pairs
   of elements (:func:`gemv_rows_pairs`: VDPBF16PS where the CPU has AVX512_BF16, else the same
-  sums by FMAs); the products are exact in fp32 either way. BLAS's gemm with a tiny M packs each weight panel (read,
-  write, read again) before using it: measured on the 2-core test machine (K = N = 4096), M = 8
-  streamed the weight at 0.32x (fp32) and 0.49x (bf16) of copy bandwidth through BLAS.
+  sums by FMAs); the products are exact in fp32 either way. BLAS's gemm with a tiny M packs each
+  weight panel (read, write, read again) before using it: measured on the 2-core test machine
+  (K = N = 4096), M = 8 streamed the weight at 0.32x (fp32) and 0.49x (bf16) of copy bandwidth
+  through BLAS.
 - fp32 prefill: the walk's blocks are grouped into BLAS calls of about ``GROUP_EDGE`` (1024)
   squared outputs (:func:`group_task`; counts per block as in the walk). One sgemm per 256 x 256
   block ran at 0.80-0.93x NumPy's two-threaded ``x @ w.T + b`` (M = 2048, K = N = 4096); 512 x 512
@@ -391,17 +392,19 @@ def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols, l
     return [builder.load(acc) for acc in accs]
 
 
-class _BFloat(ir.types._BaseFloatType):
-    """LLVM's ``bfloat`` (llvmlite.ir has none): only to type the VDPBF16PS intrinsic's operands."""
+try:
+    class _BFloat(ir.types._BaseFloatType):
+        """LLVM's ``bfloat`` (llvmlite.ir has none): only to type VDPBF16PS's operands."""
 
-    null = "0.0"
-    intrinsic_name = "bf16"
+        null = "0.0"
+        intrinsic_name = "bf16"
 
-    def __str__(self):
-        return "bfloat"
+        def __str__(self):
+            return "bfloat"
 
-
-_BFloat._create_instance()
+    _BFloat._create_instance()
+except Exception:  # an llvmlite without this (private) base class: the FMA form everywhere
+    _BFloat = None
 
 
 def _pairs_step(builder, accs, a_data, arows, w_data, wrows, q, lanes, hw):
@@ -458,6 +461,8 @@ def _dot_codegen(context, builder, sig, args, cols, lanes, rows=4, ahead=0, pair
 def _target_has_bf16_dot(context) -> bool:
     """Whether the CPU numba compiles for has AVX512_BF16 (VDPBF16PS): the feature string numba's
     codegen uses (``NUMBA_CPU_FEATURES``, else the host's), so a cached kernel matches it."""
+    if _BFloat is None:
+        return False
     try:
         features = context.codegen()._get_host_cpu_features()
     except Exception:  # a numba without this hook: the FMA form is right everywhere
