@@ -322,6 +322,10 @@ def _f32_array(a):
     return isinstance(a, types.Array) and a.dtype == types.float32
 
 
+def _is_bf16_array(a):
+    return isinstance(a, types.Array) and a.dtype == types.uint16
+
+
 def _vload(builder, data, off, vty, align):
     return builder.load(builder.bitcast(builder.gep(data, [off]), vty.as_pointer()), align=align)
 
@@ -479,7 +483,7 @@ def _dot_intrinsic(name, codegen, stream=False, pairs=False):
 
     def typed(a, w, res, *far):
         if pairs:
-            ok = all(isinstance(x, types.Array) and x.dtype == types.uint16 for x in (a, w))
+            ok = _is_bf16_array(a) and _is_bf16_array(w)
         else:
             ok = _f32_array(a) and _storage_ok(w)
         if not (ok and _f32_array(res)):
@@ -765,6 +769,92 @@ def outer_rows(c, c0, ldc, a, a0, lda, w, w0, ldw, m, ncols, k):
                     c[ci + col] += x * dtypes.widen(wf[wp + col])
 
 
+def _block4x4(a, r0, ua, w, w0, uw, nv, res, far, first):
+    """The 4 x 4 decode block for ``a``'s dtype: :data:`dot4x4_v16` (fp32 ``a``) or
+    :data:`dot4x4_pairs` (bf16 ``a``), the streaming form on the ``first`` pass."""
+    raise NotImplementedError("numba-only")
+
+
+def _block1x4(a, r0, ua, w, w0, uw, nv, res, far, first):
+    """The 1 x 4 decode block for ``a``'s dtype (:data:`dot1x4` or :data:`dot1x4_pairs`)."""
+    raise NotImplementedError("numba-only")
+
+
+def _block_step(a):
+    """Elements per step of the blocks for ``a``'s dtype: V16 (fp32) or PAIR (bf16)."""
+    raise NotImplementedError("numba-only")
+
+
+@overload(_block4x4, jit_options={"forceinline": True})
+def _block4x4_impl(a, r0, ua, w, w0, uw, nv, res, far, first):
+    stream, plain = (dot4x4_pairs_stream, dot4x4_pairs) if _is_bf16_array(a) else (dot4x4_v16_stream, dot4x4_v16)
+
+    def impl(a, r0, ua, w, w0, uw, nv, res, far, first):
+        if first:
+            stream(a, r0, ua, w, w0, uw, nv, res, far)
+        else:
+            plain(a, r0, ua, w, w0, uw, nv, res)
+    return impl
+
+
+@overload(_block1x4, jit_options={"forceinline": True})
+def _block1x4_impl(a, r0, ua, w, w0, uw, nv, res, far, first):
+    stream, plain = (dot1x4_pairs_stream, dot1x4_pairs) if _is_bf16_array(a) else (dot1x4_stream, dot1x4)
+
+    def impl(a, r0, ua, w, w0, uw, nv, res, far, first):
+        if first:
+            stream(a, r0, ua, w, w0, uw, nv, res, far)
+        else:
+            plain(a, r0, ua, w, w0, uw, nv, res)
+    return impl
+
+
+@overload(_block_step, jit_options={"forceinline": True})
+def _block_step_impl(a):
+    step = PAIR if _is_bf16_array(a) else V16
+    return lambda a: np.uint64(step)
+
+
+@device(boundscheck=False)
+def _rows_by_4(c, j0, m, n, a, ab, ua, w, wbase, uw, ku, res, far):
+    """The part of :func:`gemv_rows` / :func:`gemv_rows_pairs` shared by both: every group of 4
+    weight rows against all rows of ``a``, in 4 x 4 blocks, then 1 x 4 blocks for the rows of
+    ``a`` left over (the first pass over the weight rows streams them: ``far``), each result plus
+    the rest of its row past the blocks' last whole step (plain code) added to ``c``. Returns the
+    first weight row not done (``n`` rounded down to 4)."""
+    nv = ku // _block_step(a)
+    kv = nv * _block_step(a)
+    ufar = np.uint64(far)
+    j = 0
+    while j + 4 <= n:
+        w0 = np.uint64(wbase) + np.uint64(j) * uw
+        i = 0
+        while i + 4 <= m:
+            r0 = ab + np.uint64(i) * ua
+            _block4x4(a, r0, ua, w, w0, uw, nv, res, ufar, i == 0)
+            for ii in range(np.uint64(4)):
+                ri = r0 + ii * ua
+                for jj in range(np.uint64(4)):
+                    wj = w0 + jj * uw
+                    s = res[ii * np.uint64(4) + jj]
+                    for q in range(kv, ku):  # the rest of the row (less than one step)
+                        s += dtypes.widen(a[ri + q]) * dtypes.widen(w[wj + q])
+                    c[i + ii, j0 + j + jj] += s
+            i += 4
+        while i < m:
+            ri = ab + np.uint64(i) * ua
+            _block1x4(a, ri, ua, w, w0, uw, nv, res, ufar, i == 0)  # i == 0: fewer than 4 rows
+            for jj in range(np.uint64(4)):
+                wj = w0 + jj * uw
+                s = res[jj]
+                for q in range(kv, ku):  # the rest of the row (less than one step)
+                    s += dtypes.widen(a[ri + q]) * dtypes.widen(w[wj + q])
+                c[i, j0 + j + jj] += s
+            i += 1
+        j += 4
+    return j
+
+
 @device(boundscheck=False)
 def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res, far):
     """``c[i, j0+j] += sum_q a[abase + i*lda + q] * widen(w[wbase + j*ldw + q])``, i < m, j < n, q < k.
@@ -775,7 +865,8 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res, far):
     per 4 weight rows), then 4 x 2 (:func:`dot4x2`: 6 loads per 8 FMAs) for a last pair, 512-bit
     vectors, then the < 16-element rest in plain code. Rows of ``a`` left over take 1 x 4 blocks
     (:func:`dot1x4`: M=1 decode with bf16 weights 1.18x faster than a plain loop per weight row);
-    weight rows left over use plain loops. The first pass over each four weight rows prefetches
+    weight rows left over use plain loops (the 4-row part is :func:`_rows_by_4`, shared with
+    :func:`gemv_rows_pairs`). The first pass over each four weight rows prefetches
     them SKINNY_AHEAD elements ahead (a hint past a row's end reads nothing) and, when ``far`` is
     not 0, the same elements of the rows ``far`` elements on into L2 (the rows the caller streams
     next; those rows must exist). With 8
@@ -790,39 +881,7 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res, far):
     ua = np.uint64(lda)
     uw = np.uint64(ldw)
     ab = np.uint64(abase)
-    j = 0
-    while j + 4 <= n:
-        w0 = np.uint64(wbase) + np.uint64(j) * uw
-        i = 0
-        while i + 4 <= m:
-            r0 = ab + np.uint64(i) * ua
-            if i == 0:  # the first pass over these weight rows streams them from memory
-                dot4x4_v16_stream(a, r0, ua, w, w0, uw, nv, res, np.uint64(far))
-            else:
-                dot4x4_v16(a, r0, ua, w, w0, uw, nv, res)
-            for ii in range(np.uint64(4)):
-                ri = r0 + ii * ua
-                for jj in range(np.uint64(4)):
-                    wj = w0 + jj * uw
-                    s = res[ii * np.uint64(4) + jj]
-                    for q in range(kv, ku):  # the rest of the row (< 16 elements)
-                        s += a[ri + q] * dtypes.widen(w[wj + q])
-                    c[i + ii, j0 + j + jj] += s
-            i += 4
-        while i < m:
-            ri = ab + np.uint64(i) * ua
-            if i == 0:  # fewer than 4 rows of a: this is the first pass
-                dot1x4_stream(a, ri, ua, w, w0, uw, nv, res, np.uint64(far))
-            else:
-                dot1x4(a, ri, ua, w, w0, uw, nv, res)
-            for jj in range(np.uint64(4)):
-                wj = w0 + jj * uw
-                s = res[jj]
-                for q in range(kv, ku):  # the rest of the row (< 16 elements)
-                    s += a[ri + q] * dtypes.widen(w[wj + q])
-                c[i, j0 + j + jj] += s
-            i += 1
-        j += 4
+    j = _rows_by_4(c, j0, m, n, a, ab, ua, w, wbase, uw, ku, res, far)
     while j + 2 <= n:
         w0 = np.uint64(wbase) + np.uint64(j) * uw
         w1 = w0 + uw
@@ -894,44 +953,10 @@ def gemv_rows_pairs(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res, far):
     streams them as in gemv_rows), then the < 32-element rest of each row in plain code, and
     plain loops for the weight rows left over (fewer than 4). Every product is exact in fp32."""
     ku = np.uint64(k)
-    nv = ku // np.uint64(PAIR)
-    kv = nv * np.uint64(PAIR)
     ua = np.uint64(lda)
     uw = np.uint64(ldw)
     ab = np.uint64(abase)
-    j = 0
-    while j + 4 <= n:
-        w0 = np.uint64(wbase) + np.uint64(j) * uw
-        i = 0
-        while i + 4 <= m:
-            r0 = ab + np.uint64(i) * ua
-            if i == 0:  # the first pass over these weight rows streams them from memory
-                dot4x4_pairs_stream(a, r0, ua, w, w0, uw, nv, res, np.uint64(far))
-            else:
-                dot4x4_pairs(a, r0, ua, w, w0, uw, nv, res)
-            for ii in range(np.uint64(4)):
-                ri = r0 + ii * ua
-                for jj in range(np.uint64(4)):
-                    wj = w0 + jj * uw
-                    s = res[ii * np.uint64(4) + jj]
-                    for q in range(kv, ku):  # the rest of the row (< 32 elements)
-                        s += dtypes.widen(a[ri + q]) * dtypes.widen(w[wj + q])
-                    c[i + ii, j0 + j + jj] += s
-            i += 4
-        while i < m:
-            ri = ab + np.uint64(i) * ua
-            if i == 0:  # fewer than 4 rows of a: this is the first pass
-                dot1x4_pairs_stream(a, ri, ua, w, w0, uw, nv, res, np.uint64(far))
-            else:
-                dot1x4_pairs(a, ri, ua, w, w0, uw, nv, res)
-            for jj in range(np.uint64(4)):
-                wj = w0 + jj * uw
-                s = res[jj]
-                for q in range(kv, ku):  # the rest of the row (< 32 elements)
-                    s += dtypes.widen(a[ri + q]) * dtypes.widen(w[wj + q])
-                c[i, j0 + j + jj] += s
-            i += 1
-        j += 4
+    j = _rows_by_4(c, j0, m, n, a, ab, ua, w, wbase, uw, ku, res, far)
     while j < n:  # weight rows left over
         w0 = np.uint64(wbase) + np.uint64(j) * uw
         for i in range(m):
@@ -950,7 +975,7 @@ def _pairs(a):
 
 @overload(_pairs)
 def _pairs_impl(a):
-    if isinstance(a, types.Array) and a.dtype == types.uint16:
+    if _is_bf16_array(a):
         return lambda a: True
     return lambda a: False
 
@@ -964,7 +989,7 @@ def _skinny_rows(c, j0, m, n, a, af, a0, lda, w, wbase, ldw, k, res, far):
 
 @overload(_skinny_rows)
 def _skinny_rows_impl(c, j0, m, n, a, af, a0, lda, w, wbase, ldw, k, res, far):
-    if isinstance(a, types.Array) and a.dtype == types.uint16:
+    if _is_bf16_array(a):
         def impl(c, j0, m, n, a, af, a0, lda, w, wbase, ldw, k, res, far):
             gemv_rows_pairs(c, j0, m, n, a, a0, lda, w, wbase, ldw, k, res, far)
     else:
