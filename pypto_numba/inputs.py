@@ -67,6 +67,18 @@ def tensor(x, name: str, where: str, *, min_rank: int = 1, max_rank: int = None)
     return Tensor(array=x, dtype=kind, kview=dtypes.kernel_view(x), copied_bytes=copied)
 
 
+def storage_dtype(dtype, where: str, name: str = "dtype") -> str:
+    """The storage dtype name ("fp32", "bf16", "fp16") of a plan's ``dtype`` argument (a name, a
+    NumPy dtype or a scalar type); anything else is a :class:`DTypeError`, the one error every
+    plan raises for it."""
+    kind = dtypes.storage_name(dtype)
+    if kind is None:
+        raise DTypeError(
+            f"{where}: {name} must be one of fp32, bf16, fp16 (or their numpy dtypes), got {dtype!r}"
+        )
+    return kind
+
+
 def check_rank(shape, name: str, where: str, *, min_rank: int = 1, max_rank: int = None):
     rank = len(shape)
     if rank < min_rank or (max_rank is not None and rank > max_rank):

@@ -72,3 +72,15 @@ def test_same_dtype():
     assert inputs.same_dtype("op.s", a=a, c=a) == "fp32"
     with pytest.raises(pn.DTypeError, match="a=fp32, b=fp16"):
         inputs.same_dtype("op.s", a=a, b=b)
+
+
+@pytest.mark.parametrize("given, name", [("fp32", "fp32"), ("bf16", "bf16"), (np.float16, "fp16"),
+                                         (np.dtype(np.float32), "fp32"), ("bfloat16", "bf16")])
+def test_storage_dtype_names(given, name):
+    assert inputs.storage_dtype(given, "op.plan") == name
+
+
+@pytest.mark.parametrize("bad", ["fp64", "float64", np.int32, None, 3])
+def test_storage_dtype_refuses_with_dtype_error(bad):
+    with pytest.raises(pn.DTypeError, match=r"op\.plan: dtype must be one of fp32, bf16, fp16"):
+        inputs.storage_dtype(bad, "op.plan")

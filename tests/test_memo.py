@@ -78,3 +78,27 @@ def test_equal_values_of_other_types_do_not_share_a_plan():
     assert plan((np.int64(2), 3), flag=1)[0][0].__class__ is np.int64  # not the cached int shape
     assert plan([2, 3], flag=1)[0] == [2, 3]
     assert len(calls) == 5
+
+
+def test_call_memo_through_keeps_only_calls_that_copied_nothing():
+    from pypto_numba.machine.memo import CallMemo
+
+    memo = CallMemo(maxsize=2)
+    a = np.zeros((3, 4), np.float32)
+    calls = []
+
+    def prepare(copied):
+        def run():
+            calls.append(copied)
+            return ("entry", copied), ("arrays",), copied
+        return run
+
+    key = memo.key(None, (a,), ("opt",))
+    assert memo.through(key, prepare(8)) == (("entry", 8), ("arrays",), 8)  # copied: not kept
+    assert memo.through(key, prepare(0)) == (("entry", 0), ("arrays",), 0)  # kept now
+    assert memo.through(key, prepare(0)) == (("entry", 0), None, 0)         # from the memo
+    assert calls == [8, 0]
+    assert memo.through(None, prepare(0)) == (("entry", 0), ("arrays",), 0)  # no signature
+    assert len(memo) == 1
+    other = memo.key(None, (a.T,), ("opt",))  # other strides: another signature
+    assert other != key and memo.through(other, prepare(0))[1] == ("arrays",)

@@ -144,6 +144,21 @@ class CallMemo:
             return None
         return tuple(key)
 
+    def through(self, key, prepare):
+        """The one call protocol of a strategy that keeps calls: ``-> (entry, arrays, copied)``.
+
+        For a ``key`` kept earlier: ``(entry, None, 0)`` (the caller uses its own arrays, as they
+        are). Otherwise ``prepare()`` validates in full and returns ``(entry, arrays, copied)``
+        (the contiguous arrays and the bytes copied to make them so); the entry is kept only when
+        nothing was copied, and that triple is returned."""
+        entry = None if key is None else self._entries.get(key)
+        if entry is not None:
+            return entry, None, 0
+        entry, arrays, copied = prepare()
+        if not copied:
+            self.put(key, entry)
+        return entry, arrays, copied
+
     def get(self, key):
         """The entry kept for ``key`` (None for no entry, or for a call without a signature)."""
         return None if key is None else self._entries.get(key)
