@@ -1,7 +1,7 @@
 """Memoised plans: a plan depends only on shapes, dtype, options and the hardware profile.
 
-Building a plan walks its tiles in Python (100-200 us for an attention plan), which is as long as
-a whole decode kernel on a short cache; every call of a strategy builds one. ``@memo_plan`` keeps
+Building a plan walks its tiles in Python, which can take as long as a whole decode kernel on a
+short cache; every call of a strategy builds one. ``@memo_plan`` keeps
 the last plans by their arguments and the profile they resolve to (the active one for
 ``profile=None``, so ``use_profile`` and ``PYPTO_NUMBA_PROFILE`` still apply). Plans are immutable
 (frozen dataclasses whose ``params`` are read-only mappings), so sharing one is safe. A plan that
@@ -101,9 +101,8 @@ class CallMemo:
     """What a strategy derives from a call's *signature*, kept per signature.
 
     A call validates its arguments, looks up its plan and derives its kernel's constants (tile
-    sizes, table offsets, scratch shapes) from shapes, dtypes and options alone. That Python work
-    costs ~100 us, and ~400 us right after a large kernel has flushed the caches (a rope call on
-    x[4096, 32, 128]: 7 % of it; a decode-sized call: nearly all of it). A strategy keeps what it
+    sizes, table offsets, scratch shapes) from shapes, dtypes and options alone. For a decode-sized
+    call that Python work is most of the call's time (docs/performance.md). A strategy keeps what it
     derived under :meth:`key` -- every array by (shape, strides, dtype), every option by value, the
     profile the call resolves to -- and a later call with the same signature only redoes what
     depends on the data: its views, the checks of ``out=``'s memory, the launch.
