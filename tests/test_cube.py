@@ -1,4 +1,4 @@
-"""The cube unit on its own: machine/cube.py against a float64 matmul of the widened operands.
+"""The cube unit on its own: machine/cube/ against a float64 matmul of the widened operands.
 
 Covers every storage dtype, odd M/N/K tails on every tile level, the BLAS (M >= 16) and the
 hand-written skinny (decode) paths, the bias epilogue, exact counts of the walk, thread-count
@@ -14,6 +14,8 @@ import pytest
 from conftest import DTYPES, NP_DTYPE, make
 from pypto_numba.errors import ConstraintError, TileError
 from pypto_numba.machine import cube, dtypes
+from pypto_numba.machine.cube import blas, ir_blocks
+from pypto_numba.machine.cube import plan as cube_plan
 from pypto_numba.machine.profile import load_profile
 
 U_OUT = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
@@ -101,10 +103,10 @@ def test_skinny_and_blas_paths_agree(dt, rng):
 def test_grouped_blas_calls_count_per_block(edge, rng, monkeypatch):
     """fp32 prefill: groups of walk blocks run as one BLAS call (tails in both axes); the counts
     are the walk's, per block, and the values those of the ungrouped walk."""
-    monkeypatch.setattr(cube, "GROUP_EDGE", edge)
+    monkeypatch.setattr(cube_plan, "GROUP_EDGE", edge)
     a, b, bias = make((100, 70), "fp32", rng), make((200, 70), "fp32", rng), make((200,), "fp32", rng)
     walk = cube.plan_walk(100, 70, 200, TILES, "fp32", bias_dtype="fp32")
-    gm, gn = cube._groups(100, 200, 32, 48, numba.config.NUMBA_NUM_THREADS)
+    gm, gn = cube_plan._groups(100, 200, 32, 48, numba.config.NUMBA_NUM_THREADS)
     assert (gm * gn > 1) == (edge > 48)
     outs = []
     for group in (True, False):
@@ -129,10 +131,10 @@ def test_bit_identical_for_one_and_two_threads(rng):
 
 
 def test_blas_thread_count_restored():
-    assert cube.blas_available() == (cube._scipy_openblas() is not None)
+    assert cube.blas_available() == (blas._scipy_openblas() is not None)
     if not cube.blas_available():
         pytest.skip("SciPy's OpenBLAS not found on this platform")
-    get, _ = cube._scipy_openblas()
+    get, _ = blas._scipy_openblas()
     before = get()
     with cube.single_thread_blas():
         assert get() == 1
@@ -259,7 +261,7 @@ def test_dot1x4_register_block(dt, k, nvec, rng):
 
 
 def _pairs_sums(a, w, steps, odd_first=True):
-    """NumPy float32 model of the bf16 pairs blocks (cube._pairs_step): lane l of an accumulator
+    """NumPy float32 model of the bf16 pairs blocks (ir_blocks._pairs_step): lane l of an accumulator
     adds a[2l+1]*w[2l+1], then a[2l]*w[2l], for each 32-element step (products exact in fp32, each
     sum rounded to nearest even), then the 16 lanes are summed by halves (16 -> 8 -> 4 -> 2 -> 1).
     ``odd_first=False``: the even element first (the wrong order, to show the test can tell)."""
@@ -285,8 +287,8 @@ def _pairs_kernels(hw):
     if hw == "auto":
         b44, b14 = cube.dot4x4_pairs_stream, cube.dot1x4_pairs_stream
     else:
-        b44 = cube._dot4x4(cube.V16, cube.SKINNY_AHEAD, stream=True, pairs=hw)
-        b14 = cube._dot_intrinsic(f"dot1x4_pairs_test_{hw}", cube._tree_sums_codegen(4, rows=1, pairs=hw),
+        b44 = ir_blocks._dot4x4(cube.V16, cube.SKINNY_AHEAD, stream=True, pairs=hw)
+        b14 = ir_blocks._dot_intrinsic(f"dot1x4_pairs_test_{hw}", ir_blocks._tree_sums_codegen(4, rows=1, pairs=hw),
                                   stream=True, pairs=True)
 
     @numba.njit

@@ -1,0 +1,124 @@
+"""The cube unit: tile matmul on storage-dtype operands with fp32 L0C accumulation.
+
+Math (``a[M, K]``, ``b[N, K]``, optional ``bias[N]``; storage dtypes fp32 / bf16 / fp16)::
+
+    c[M, N] = round_out( sum_k widen(a[m, k]) * widen(b[n, k])  (+ widen(bias[n])) )
+
+``b`` is used transposed (``b_trans=True``, the ``weight[N, K]`` layout of a linear layer).
+Products and sums are fp32 (the L0C accumulator, npu-facts 4.4); the optional bias is added to
+the fp32 accumulator in the epilogue (the ``bias_tensor`` of ``pypto.matmul``, loaded into the
+bias table BT) and the result is rounded **once** to the output dtype.
+
+The tile walk (``tiles = ((mL0, mL1), (kL0, kL1), (nL0, nL1))``, checked by
+:func:`pypto_numba.machine.plan.cube_tiles`, npu-facts 4.3)::
+
+    for each output block [mL1, nL1]                       # one tile task (prange iteration)
+        L0C tiles of the block = 0
+        for kk in range(0, K, kL1):                         # GM -> L1: a[mL1, kL1], b[nL1, kL1]
+            for each L0C tile [mL0, nL0] of the block:
+                for k0 in range(kk, kk + kL1, kL0):         # L1 -> L0A [mL0, kL0], L0B [nL0, kL0]
+                    L0C += L0A @ L0B^T                      # fp32 accumulate
+        epilogue: (+ bias) -> round to out dtype -> GM      # L0C -> GM (fixpipe)
+
+Every tile dim has a valid-shape tail. Exact counts of this walk (``b_x`` = itemsize)::
+
+    tasks       = ceil(M/mL1) * ceil(N/nL1)
+    GM read     = M*K*b_a*ceil(N/nL1) + N*K*b_b*ceil(M/mL1) (+ N*b_bias*ceil(M/mL1))
+    GM write    = M*N*b_out
+    cube FLOPs  = 2*M*N*K
+
+:func:`plan_walk` returns these with the cube buffers (a :class:`CubeWalk`);
+:func:`run_walk` runs :func:`matmul_nt_kernel` (a kernel returning the usual counters tuple).
+This module knows nothing about operators: linear layers, attention etc. build on it.
+
+CPU implementation (what makes it fast, none of it changes the NPU semantics above)
+-----------------------------------------------------------------------------------
+- ``L0C += L0A @ L0B^T`` is a single-precision GEMM call with ``beta = 1`` straight into the fp32
+  L0C tiles (SciPy's ``cython_blas.sgemm``, bound as an external symbol so that the kernel stays
+  cacheable). By default (``merge_k``) the L0 steps are merged into larger BLAS calls: one call
+  per kL1 chunk for the whole [mL1, nL1] block (bf16/fp16, from the widened L1 scratch), or one
+  call for the whole block and the whole of K (fp32, read in place). Small 128x128x128 calls
+  spend a visible share of their time packing operands; one big call packs each panel once
+  (measured: 128-blocks 0.71x NumPy, 256-blocks 0.83x). The counts are those of the walk either
+  way and the sums stay fp32; only the order of the fp32 additions is BLAS's.
+  ``merge_k=False`` issues one call per L0 tile and kL0 step, literally as the walk reads.
+- fp32 operands are read in place from GM (the GM -> L1 -> L0 moves are lossless for fp32, so
+  they are counted, not copied); bf16/fp16 operands are widened into per-thread fp32 L1 scratch
+  once per ``kL1`` step (exact), then go to the same fp32 GEMM.
+- BLAS must run single-threaded inside ``prange`` (the tasks are the parallelism; a threaded BLAS
+  call per task would oversubscribe the 2 cores). :func:`run_walk` sets SciPy's OpenBLAS -- a
+  library separate from NumPy's -- to one thread around the kernel and restores it afterwards
+  (:func:`single_thread_blas`), so NumPy's own BLAS (the benchmark peer) keeps its threads.
+- Skinny M (decode, ``M < SKINNY_M`` = 16 by default): hand-written loops instead of BLAS. Per
+  kL1 step, every weight row of the block is streamed once against all rows of ``a`` in register
+  blocks of 4 rows of ``a`` x 4 weight rows, 1 x 4 for the rows of ``a`` left over
+  (:func:`gemv_rows`; fp16 weights widened on the fly; ``SKINNY_ROWS`` weight rows streamed
+  side by side, prefetched ahead, the next group into L2), one fp32 partial sum per L0C value and
+  kL1 step; same walk, same counts. bf16 operands are both read as stored and multiplied in pairs
+  of elements (:func:`gemv_rows_pairs`: VDPBF16PS where the CPU has AVX512_BF16, else the same
+  sums by FMAs); the products are exact in fp32 either way. BLAS's gemm with a tiny M packs each
+  weight panel (read, write, read again) before using it: measured on the 2-core test machine
+  (K = N = 4096), M = 8 streamed the weight at 0.32x (fp32) and 0.49x (bf16) of copy bandwidth
+  through BLAS.
+- fp32 prefill: the walk's blocks are grouped into BLAS calls of about ``GROUP_EDGE`` (1024)
+  squared outputs (:func:`group_task`; counts per block as in the walk). One sgemm per 256 x 256
+  block ran at 0.80-0.93x NumPy's two-threaded ``x @ w.T + b`` (M = 2048, K = N = 4096); 512 x 512
+  calls at 1.02-1.11x, 1024 x 1024 calls (4 per thread there) at 1.11-1.18x in the same runs.
+- Inner loops index flat views with uint64 indices: numba treats a negative int index as
+  counting from the end, and when an index has a run-time offset LLVM cannot rule that out, keeps
+  the wraparound select inside the loop and does not vectorise it (measured 5-7x slower). Hot
+  loops also take no array views (each view bumps the parent's reference count atomically, and
+  two threads doing so per row fight over one cache line).
+
+- Register blocks for callers outside the walk: :func:`dot4x4` / :func:`dot4x2` (dot-product
+  form, decode) and :func:`outer_rows` (outer-product form, 6 x 64 blocks: attention prefill,
+  where a 64 x 128 x 128 tile is too small for BLAS to amortise its operand packing).
+
+A block with several L0C tiles (``mL1 > mL0`` or ``nL1 > nL0``) keeps all of them live across its
+kL1 steps; the plan's L0C rule (npu-facts 4.3) is per L0C tile, as in PyPTO. The default linear
+tiles have ``mL1 == mL0`` and ``nL1 == nL0``: one L0C tile per task.
+"""
+
+from __future__ import annotations
+
+from .blas import ARG_SLOTS, blas_available, dynamic_tasks, mma_blas, single_thread_blas
+from .blocks import (
+    DOT4X4_LANES,
+    OUTER_COLS,
+    OUTER_K,
+    PAIR,
+    SKINNY_AHEAD,
+    dot1x4,
+    dot1x4_pairs,
+    dot1x4_pairs_stream,
+    dot1x4_stream,
+    dot4x2,
+    dot4x4,
+    dot4x4_pairs,
+    dot4x4_pairs_stream,
+    dot4x4_v16,
+    dot4x4_v16_stream,
+    outer_rows,
+)
+from .decode import SKINNY_M, SKINNY_ROWS, gemv_rows, gemv_rows_pairs
+from .epilogue import epilogue
+from .ir_blocks import V16
+from .plan import GROUP_EDGE, CubeWalk, plan_walk, run_walk, scratch
+from .walk import group_task, load_l1, matmul_nt_kernel, walk_task
+
+__all__ = [
+    "SKINNY_M",
+    "blas_available",
+    "CubeWalk",
+    "plan_walk",
+    "run_walk",
+    "matmul_nt_kernel",
+    "walk_task",
+    "scratch",
+    "single_thread_blas",
+    "dynamic_tasks",
+    "load_l1",
+    "mma_blas",
+    "epilogue",
+    "outer_rows",
+]
