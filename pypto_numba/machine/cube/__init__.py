@@ -29,50 +29,48 @@ Every tile dim has a valid-shape tail. Exact counts of this walk (``b_x`` = item
 
 :func:`plan_walk` returns these with the cube buffers (a :class:`CubeWalk`);
 :func:`run_walk` runs :func:`matmul_nt_kernel` (a kernel returning the usual counters tuple).
-This module knows nothing about operators: linear layers, attention etc. build on it.
+This package knows nothing about operators: linear layers, attention etc. build on it.
 
-CPU implementation (what makes it fast, none of it changes the NPU semantics above)
------------------------------------------------------------------------------------
+The package, one concern per file:
+
+    blas.py        sgemm bound as an external symbol; single_thread_blas, dynamic_tasks
+    ir_blocks.py   LLVM IR builders of the register blocks (vector loads, FMAs, reductions)
+    blocks.py      the register blocks (dot4x4, dot1x4, the bf16 pairs blocks, outer_rows)
+    blocks_plain.py  plain numba versions of one block per family: the readable reference
+    decode.py      the decode loops (M < SKINNY_M): weight rows streamed through the blocks
+    walk.py        the walk kernel (matmul_nt_kernel, one tile task per output block)
+    epilogue.py    L0C -> GM: the fused bias and the one rounding
+    plan.py        plan_walk (tiles, counts) and run_walk (scratch, BLAS threads, the kernel)
+
+CPU implementation (none of it changes the NPU semantics above; measurements behind each
+choice: docs/perf/cube.md)
+-------------------------------------------------------------------------------------------
 - ``L0C += L0A @ L0B^T`` is a single-precision GEMM call with ``beta = 1`` straight into the fp32
-  L0C tiles (SciPy's ``cython_blas.sgemm``, bound as an external symbol so that the kernel stays
-  cacheable). By default (``merge_k``) the L0 steps are merged into larger BLAS calls: one call
-  per kL1 chunk for the whole [mL1, nL1] block (bf16/fp16, from the widened L1 scratch), or one
-  call for the whole block and the whole of K (fp32, read in place). Small 128x128x128 calls
-  spend a visible share of their time packing operands; one big call packs each panel once
-  (measured: 128-blocks 0.71x NumPy, 256-blocks 0.83x). The counts are those of the walk either
-  way and the sums stay fp32; only the order of the fp32 additions is BLAS's.
-  ``merge_k=False`` issues one call per L0 tile and kL0 step, literally as the walk reads.
+  L0C tiles (SciPy's ``cython_blas.sgemm``, :mod:`.blas`). By default (``merge_k``) the L0 steps
+  are merged into larger BLAS calls: one call per kL1 chunk for the whole [mL1, nL1] block
+  (bf16/fp16, from the widened L1 scratch), or one call for the whole block and the whole of K
+  (fp32, read in place), since small calls spend much of their time packing operands. The
+  counts are those of the walk either way and the sums stay fp32; only the order of the fp32
+  additions is BLAS's. ``merge_k=False`` issues one call per L0 tile and kL0 step, as the walk
+  reads.
 - fp32 operands are read in place from GM (the GM -> L1 -> L0 moves are lossless for fp32, so
   they are counted, not copied); bf16/fp16 operands are widened into per-thread fp32 L1 scratch
   once per ``kL1`` step (exact), then go to the same fp32 GEMM.
-- BLAS must run single-threaded inside ``prange`` (the tasks are the parallelism; a threaded BLAS
-  call per task would oversubscribe the 2 cores). :func:`run_walk` sets SciPy's OpenBLAS -- a
-  library separate from NumPy's -- to one thread around the kernel and restores it afterwards
-  (:func:`single_thread_blas`), so NumPy's own BLAS (the benchmark peer) keeps its threads.
-- Skinny M (decode, ``M < SKINNY_M`` = 16 by default): hand-written loops instead of BLAS. Per
-  kL1 step, every weight row of the block is streamed once against all rows of ``a`` in register
-  blocks of 4 rows of ``a`` x 4 weight rows, 1 x 4 for the rows of ``a`` left over
-  (:func:`gemv_rows`; fp16 weights widened on the fly; ``SKINNY_ROWS`` weight rows streamed
-  side by side, prefetched ahead, the next group into L2), one fp32 partial sum per L0C value and
-  kL1 step; same walk, same counts. bf16 operands are both read as stored and multiplied in pairs
-  of elements (:func:`gemv_rows_pairs`: VDPBF16PS where the CPU has AVX512_BF16, else the same
-  sums by FMAs); the products are exact in fp32 either way. BLAS's gemm with a tiny M packs each
-  weight panel (read, write, read again) before using it: measured on the 2-core test machine
-  (K = N = 4096), M = 8 streamed the weight at 0.32x (fp32) and 0.49x (bf16) of copy bandwidth
-  through BLAS.
-- fp32 prefill: the walk's blocks are grouped into BLAS calls of about ``GROUP_EDGE`` (1024)
-  squared outputs (:func:`group_task`; counts per block as in the walk). One sgemm per 256 x 256
-  block ran at 0.80-0.93x NumPy's two-threaded ``x @ w.T + b`` (M = 2048, K = N = 4096); 512 x 512
-  calls at 1.02-1.11x, 1024 x 1024 calls (4 per thread there) at 1.11-1.18x in the same runs.
-- Inner loops index flat views with uint64 indices: numba treats a negative int index as
-  counting from the end, and when an index has a run-time offset LLVM cannot rule that out, keeps
-  the wraparound select inside the loop and does not vectorise it (measured 5-7x slower). Hot
-  loops also take no array views (each view bumps the parent's reference count atomically, and
-  two threads doing so per row fight over one cache line).
-
-- Register blocks for callers outside the walk: :func:`dot4x4` / :func:`dot4x2` (dot-product
-  form, decode) and :func:`outer_rows` (outer-product form, 6 x 64 blocks: attention prefill,
-  where a 64 x 128 x 128 tile is too small for BLAS to amortise its operand packing).
+- BLAS runs single-threaded inside ``prange`` (the tasks are the parallelism):
+  :func:`run_walk` pins SciPy's OpenBLAS -- a library separate from NumPy's -- to one thread
+  around the kernel (:func:`single_thread_blas`), so NumPy's own BLAS keeps its threads.
+- Decode (``M < SKINNY_M`` = 16): hand-written loops instead of BLAS (:mod:`.decode`; BLAS packs
+  each weight panel first). Each group of ``SKINNY_ROWS`` weight rows is streamed once against
+  all rows of ``a`` in register blocks of 4 rows x 4 weight rows, 1 x 4 for the rows of ``a``
+  left over, prefetched ahead and the next group into L2; one fp32 partial sum per L0C value and
+  kL1 step; same walk, same counts. bf16 operands are both read as stored and multiplied in
+  pairs of elements (VDPBF16PS where the CPU has AVX512_BF16, else the same sums by FMAs).
+- fp32 prefill: the walk's blocks are grouped into BLAS calls of about ``GROUP_EDGE`` squared
+  outputs (:func:`~.walk.group_task`; counts per block as in the walk).
+- Hot loops index flat views with uint64 indices and take no array views (see machine/jit.py).
+- Register blocks for callers outside the walk: :func:`dot4x4` (attention decode QK^T) and
+  :func:`outer_rows` (outer-product form, attention prefill, where a 64 x 128 x 128 tile is too
+  small for BLAS to amortise its operand packing).
 
 A block with several L0C tiles (``mL1 > mL0`` or ``nL1 > nL0``) keeps all of them live across its
 kL1 steps; the plan's L0C rule (npu-facts 4.3) is per L0C tile, as in PyPTO. The default linear

@@ -22,9 +22,8 @@ from numba.extending import get_cython_function_address
 
 from ..jit import device
 
-# ----------------------------------------------------------------------------------------------
-# BLAS binding: sgemm from SciPy's cython_blas as an external symbol (resolved at link time by
-# name, so kernels calling it can be cached -- a ctypes pointer global would disable caching).
+# sgemm from SciPy's cython_blas as an external symbol (resolved at link time by name, so kernels
+# calling it can be cached -- a ctypes pointer global would disable caching).
 
 _SGEMM_SYMBOL = "pypto_numba_scipy_sgemm"
 import scipy.linalg.cython_blas  # noqa: E402,F401  (loads the library that provides sgemm)
@@ -114,8 +113,8 @@ def single_thread_blas():
 def dynamic_tasks(chunk: int = 1):
     """prange loops started in the body hand out ``chunk`` iterations at a time (dynamic).
 
-    Cube tasks take 0.1-10 ms each; with numba's default static split each thread gets half of
-    them up front, and on a shared machine the call waits for whichever thread the OS parks.
+    Cube tasks are long and uneven; with numba's default static split each thread gets its share
+    up front, and on a shared machine the call waits for whichever thread the OS parks.
     (Set from Python: calling ``numba.set_parallel_chunksize`` inside a kernel disables caching.)
     """
     before = numba.get_parallel_chunksize()
@@ -140,14 +139,31 @@ def _as_int32_ptr(typingctx, addr):
 
 
 @device
-def mma_blas(c, ldc, a, lda, b, ldb, m, n, k, slots):
+def mma_blas(
+    c,
+    ldc,
+    a,
+    lda,
+    b,
+    ldb,
+    m,
+    n,
+    k,
+    slots,
+):
     """L0C += L0A @ L0B^T by one BLAS sgemm (``beta = 1``); fp32, row-major.
 
-    ``c``, ``a``, ``b`` are the addresses of the tiles' first elements: ``c[m, n]`` with row
-    stride ``ldc``, ``a[m, k]`` (``lda``), ``b[n, k]`` (``ldb``); ``slots`` the address of this
-    thread's ``ARG_SLOTS`` int32 argument slots (Fortran passes everything by pointer), filled by
-    :func:`scratch`. Row-major ``C = A B^T`` is column-major ``C^T = B A^T``:
+    Row-major ``C = A B^T`` is column-major ``C^T = B A^T``:
     sgemm('T', 'N', n, m, k, 1, b, ldb, a, lda, 1, c, ldc).
+
+    Parameters
+    ----------
+    c, ldc : address of the fp32 tile ``c[m, n]`` (first element) and its row stride
+    a, lda : address of ``a[m, k]`` and its row stride
+    b, ldb : address of ``b[n, k]`` and its row stride
+    m, n, k : the GEMM's sizes
+    slots : address of this thread's ``ARG_SLOTS`` int32 argument slots (Fortran passes
+        everything by pointer), filled by :func:`~.plan.scratch`
     """
     p = numba.carray(_as_int32_ptr(slots), (ARG_SLOTS,))
     p[0] = n

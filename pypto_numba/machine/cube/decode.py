@@ -1,5 +1,10 @@
 """The decode loops of the cube walk (``M < SKINNY_M``): weight rows streamed once against all
-rows of ``a`` in the register blocks of :mod:`.blocks`."""
+rows of ``a`` in the register blocks of :mod:`.blocks`.
+
+:func:`gemv_rows` (fp32 ``a``, the weight widened on the fly) and :func:`gemv_rows_pairs` (bf16
+``a`` and weight in pairs) share their 4-row part, :func:`_rows_by_4`; :func:`_skinny_rows` picks
+one by ``a``'s dtype. Measurements behind the constants: docs/perf/cube.md.
+"""
 
 from __future__ import annotations
 
@@ -23,16 +28,12 @@ from .blocks import (
 from .ir_blocks import V16, _is_bf16_array
 
 SKINNY_M = 16
-"""Below this many rows of ``a`` (one 16-row cube fractal: decode) the walk uses the hand-written
-skinny loops by default instead of BLAS (see the module notes). fp32 too, from one row: OpenBLAS
-forwards a one-row gemm to gemv, which streamed the weight about as fast as the loops do
-(M = 1, K = N = 4096, 2 threads: 1.63 vs 1.57 ms), but two or three rows to a gemm that packs
-the weight first (7.0 and 7.6 ms against 1.55 and 1.82 ms)."""
-
+"""Below this many rows of ``a`` (one 16-row cube fractal: decode) the walk uses these loops by
+default instead of BLAS. fp32 too, from one row: OpenBLAS sends two or three rows to a gemm that
+packs the weight first."""
 
 # Weight rows the decode path streams together over the whole of K (gemv_rows walks them as two
-# 4-row register blocks per kL1 step): 8 rows are 8 line streams in flight instead of 4,
-# 1.01-1.05x at M in {1, 8}, K = N = 4096 (2 threads, fp32 and bf16). Same sums, same bits.
+# 4-row register blocks per kL1 step): 8 line streams in flight instead of 4. Same bits.
 SKINNY_ROWS = 8
 
 
@@ -83,12 +84,27 @@ def _block_step_impl(a):
 
 
 @device(boundscheck=False)
-def _rows_by_4(c, j0, m, n, a, ab, ua, w, wbase, uw, ku, res, far):
+def _rows_by_4(
+    c,
+    j0,
+    m,
+    n,
+    a,
+    ab,
+    ua,
+    w,
+    wbase,
+    uw,
+    ku,
+    res,
+    far,
+):
     """The part of :func:`gemv_rows` / :func:`gemv_rows_pairs` shared by both: every group of 4
     weight rows against all rows of ``a``, in 4 x 4 blocks, then 1 x 4 blocks for the rows of
     ``a`` left over (the first pass over the weight rows streams them: ``far``), each result plus
     the rest of its row past the blocks' last whole step (plain code) added to ``c``. Returns the
-    first weight row not done (``n`` rounded down to 4)."""
+    first weight row not done (``n`` rounded down to 4). Parameters as :func:`gemv_rows`, with
+    ``ab``, ``ua``, ``uw``, ``ku`` the uint64 forms of ``abase``, ``lda``, ``ldw``, ``k``."""
     nv = ku // _block_step(a)
     kv = nv * _block_step(a)
     ufar = np.uint64(far)
@@ -123,24 +139,42 @@ def _rows_by_4(c, j0, m, n, a, ab, ua, w, wbase, uw, ku, res, far):
 
 
 @device(boundscheck=False)
-def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res, far):
+def gemv_rows(
+    c,
+    j0,
+    m,
+    n,
+    a,
+    abase,
+    lda,
+    w,
+    wbase,
+    ldw,
+    k,
+    res,
+    far,
+):
     """``c[i, j0+j] += sum_q a[abase + i*lda + q] * widen(w[wbase + j*ldw + q])``, i < m, j < n, q < k.
 
     The decode (skinny) step on flat views: ``a`` fp32 (rows of x), ``w`` the weight in its
     storage dtype, widened on the fly (exact). Register blocks of 4 rows of ``a`` x 4 weight rows
-    (:func:`dot4x4_v16`: 8 loads per 16 FMAs, and each row of ``a`` is re-read from L1/L2 once
-    per 4 weight rows), then 4 x 2 (:func:`dot4x2`: 6 loads per 8 FMAs) for a last pair, 512-bit
-    vectors, then the < 16-element rest in plain code. Rows of ``a`` left over take 1 x 4 blocks
-    (:func:`dot1x4`: M=1 decode with bf16 weights 1.18x faster than a plain loop per weight row);
-    weight rows left over use plain loops (the 4-row part is :func:`_rows_by_4`, shared with
-    :func:`gemv_rows_pairs`). The first pass over each four weight rows prefetches
-    them SKINNY_AHEAD elements ahead (a hint past a row's end reads nothing) and, when ``far`` is
-    not 0, the same elements of the rows ``far`` elements on into L2 (the rows the caller streams
-    next; those rows must exist). With 8
-    rows of ``a`` (128 KiB at K = 4096, from L2) the 4 x 2 blocks alone ran at ~11 GB/s of
-    weight whether the weight came from DRAM or from cache: bound by the re-reads of ``a``, not
-    by memory. ``res``: 16 fp32 scratch slots. Every sum is serial within the task;
-    uint64 indices (module docstring).
+    (:func:`dot4x4_v16`: 8 loads per 16 FMAs), then 4 x 2 (:func:`dot4x2`) for a last pair,
+    512-bit vectors, then the < 16-element rest in plain code. Rows of ``a`` left over take 1 x 4
+    blocks (:func:`dot1x4`); weight rows left over use plain loops (the 4-row part is
+    :func:`_rows_by_4`, shared with :func:`gemv_rows_pairs`). The first pass over each four
+    weight rows prefetches them ``SKINNY_AHEAD`` elements ahead (a hint past a row's end reads
+    nothing). Every sum is serial within the task; uint64 indices (see machine/jit.py).
+
+    Parameters
+    ----------
+    c, j0 : fp32 ``c[m, *]`` (L0C), first column to add to
+    m, n : rows of ``a``, weight rows
+    a, abase, lda : flat fp32 ``a``, offset of its first row, row stride
+    w, wbase, ldw : flat weight (storage dtype), offset of its first row, row stride
+    k : elements per dot product
+    res : 16 fp32 scratch slots (the blocks' results)
+    far : when not 0, the first pass also prefetches into L2 the same elements of the rows
+        ``far`` elements on (the rows the caller streams next; they must exist)
     """
     ku = np.uint64(k)
     nv = ku // np.uint64(V16)
@@ -214,11 +248,26 @@ def gemv_rows(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res, far):
 
 
 @device(boundscheck=False)
-def gemv_rows_pairs(c, j0, m, n, a, abase, lda, w, wbase, ldw, k, res, far):
-    """:func:`gemv_rows` for bf16 ``a`` and ``w`` (both raw bf16 bits, flat): the same blocks in
-    pairs (:data:`dot4x4_pairs`, :data:`dot1x4_pairs`; the first pass over four weight rows
-    streams them as in gemv_rows), then the < 32-element rest of each row in plain code, and
-    plain loops for the weight rows left over (fewer than 4). Every product is exact in fp32."""
+def gemv_rows_pairs(
+    c,
+    j0,
+    m,
+    n,
+    a,
+    abase,
+    lda,
+    w,
+    wbase,
+    ldw,
+    k,
+    res,
+    far,
+):
+    """:func:`gemv_rows` for bf16 ``a`` and ``w`` (both raw bf16 bits, flat; same parameters):
+    the same blocks in pairs (:data:`dot4x4_pairs`, :data:`dot1x4_pairs`; the first pass over
+    four weight rows streams them as in gemv_rows), then the < 32-element rest of each row in
+    plain code, and plain loops for the weight rows left over (fewer than 4). Every product is
+    exact in fp32."""
     ku = np.uint64(k)
     ua = np.uint64(lda)
     uw = np.uint64(ldw)
@@ -247,10 +296,25 @@ def _pairs_impl(a):
     return lambda a: False
 
 
-def _skinny_rows(c, j0, m, n, a, af, a0, lda, w, wbase, ldw, k, res, far):
+def _skinny_rows(
+    c,
+    j0,
+    m,
+    n,
+    a,
+    af,
+    a0,
+    lda,
+    w,
+    wbase,
+    ldw,
+    k,
+    res,
+    far,
+):
     """The decode step for one group of weight rows: :func:`gemv_rows_pairs` on ``a`` (flat raw
     bf16) when the operands are bf16, else :func:`gemv_rows` on ``af`` (flat fp32); ``a0`` and
-    ``lda`` index the array used."""
+    ``lda`` index the array used; the rest as :func:`gemv_rows`."""
     raise NotImplementedError("numba-only")
 
 

@@ -1,5 +1,17 @@
-"""LLVM IR builders of the cube's register blocks (the blocks themselves: :mod:`.blocks`).
+"""LLVM IR builders of the cube's register blocks (the blocks themselves: :mod:`.blocks`;
+their plain numba versions: :mod:`.blocks_plain`).
 
+Why LLVM IR: numba's loops keep one scalar accumulator per dot product and LLVM reduces each
+vectorised one with its own shuffle tree; here every accumulator is a vector register of the
+chosen width (explicit ``<16 x float>`` stays 512-bit; see machine/jit.py for the 512-bit
+choice). Operands ``w`` are storage kernel views (float32, uint16 = bf16, int16 = fp16) widened
+exactly to fp32 on load; offsets are flat uint64 element indices into the data of a C-contiguous
+array of any rank. The order of every fp32 addition is fixed by the code, so results do not
+depend on the thread count.
+
+Generic helpers (not cube-specific, candidates for a shared IR package): :func:`_vload`,
+:func:`_vload_widen`, :func:`_fma`, :func:`_prefetch`, :func:`_splat`, :func:`_hsum_tree`
+and the ``bfloat`` type :class:`_BFloat`.
 """
 
 from __future__ import annotations
@@ -11,13 +23,15 @@ from numba.extending import intrinsic
 
 V16 = 16  # fp32 lanes of one 512-bit vector: the unit of dot4x2
 
-# Why the register blocks below are written in LLVM IR: numba's loops keep one scalar
-# accumulator per dot product and LLVM reduces each vectorised one with its own shuffle tree;
-# here every accumulator is a vector register of the chosen width (explicit ``<16 x float>``
-# stays 512-bit zmm, which LLVM's vectoriser would not pick on this CPU). Operands ``w`` are
-# storage kernel views (float32, uint16 = bf16, int16 = fp16) widened exactly to fp32 on load;
-# offsets are flat element indices into the data of a C-contiguous array of any rank. The order
-# of every fp32 addition is fixed by the code, so results do not depend on the thread count.
+# ``pairs`` modes of the dot blocks: how a step multiplies ``a`` by ``w``
+WIDENED = None  # fp32 ``a``, ``w`` widened to fp32 on load, one FMA per element
+DPBF16 = True  # bf16 ``a`` and ``w`` in pairs of elements by VDPBF16PS (AVX512_BF16)
+PAIRS_FMA = False  # the same pairs sums by two FMAs (any AVX-512 CPU)
+PAIRS_AUTO = "auto"  # DPBF16 when numba compiles for a CPU that has it, else PAIRS_FMA
+
+# ``llvm.prefetch`` locality: into L1 (prefetcht0) or into L2 only (prefetcht1)
+PREFETCH_L1 = 3
+PREFETCH_L2 = 2
 
 
 def _storage_ok(a):
@@ -33,6 +47,7 @@ def _is_bf16_array(a):
 
 
 def _vload(builder, data, off, vty, align):
+    """A vector of type ``vty`` loaded from flat element index ``off`` of pointer ``data``."""
     return builder.load(builder.bitcast(builder.gep(data, [off]), vty.as_pointer()), align=align)
 
 
@@ -54,30 +69,57 @@ def _fma(builder, acc, x, y):
     return builder.fadd(acc, builder.fmul(x, y, flags=flags), flags=flags)
 
 
-def _prefetch(builder, ptr, locality=3):
-    """Prefetch the line holding ``ptr``: ``prefetcht0`` (locality 3) or, with locality 2,
-    ``prefetcht1`` (into L2, not L1). A hint: never faults, changes no result."""
+def _splat(builder, x, vf):
+    """Scalar ``x`` broadcast to every lane of vector type ``vf``."""
+    xv = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(xv, xv, ir.Constant(ir.VectorType(ir.IntType(32), vf.count), [0] * vf.count))
+
+
+def _prefetch(builder, ptr, locality=PREFETCH_L1):
+    """Prefetch the line holding ``ptr`` into L1 (``PREFETCH_L1``) or L2 (``PREFETCH_L2``).
+    A hint: never faults, changes no result."""
     i8p = ir.IntType(8).as_pointer()
     i32 = ir.IntType(32)
     fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
     builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
 
 
-def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols, lanes=V16, ahead=0, far=None,
-               pairs=None):
+def _dot_block(
+    builder,
+    a_data,
+    r0,
+    lda,
+    w,
+    w_data,
+    w0,
+    ldw,
+    nvec,
+    rows,
+    cols,
+    lanes=V16,
+    ahead=0,
+    far=None,
+    pairs=WIDENED,
+):
     """The rows x cols accumulators of a register-blocked dot product over ``lanes*nvec`` elements
-    (``2*lanes*nvec`` with ``pairs``).
+    (``2*lanes*nvec`` in pairs).
 
-    ``ahead`` > 0: each step also prefetches every weight row ``ahead`` elements further on.
-    ``far`` (an i64 value; 0 at run time: none): each step also prefetches, into L2, the same
-    elements of the weight rows ``far`` elements on (the rows a later pass will read).
-    ``pairs`` (bf16 ``a`` and ``w``, see :func:`_pairs_step`): None: fp32 ``a``, ``w`` widened,
-    one FMA per element; True: VDPBF16PS; False: the same sums by two FMAs."""
+    Parameters
+    ----------
+    a_data, r0, lda : pointer to ``a``'s data, first row's offset, row stride (i64 values)
+    w, w_data, w0, ldw : ``w``'s numba type, its data pointer, first row's offset, row stride
+    nvec : steps of ``lanes`` (pairs: ``2*lanes``) elements
+    rows, cols : rows of ``a`` and of ``w`` in the block
+    ahead : > 0: each step also prefetches every weight row ``ahead`` elements further on
+    far : an i64 value (0 at run time: none): each step also prefetches, into L2, the same
+        elements of the weight rows ``far`` elements on (the rows a later pass will read)
+    pairs : ``WIDENED``, ``DPBF16`` or ``PAIRS_FMA`` (see :func:`_pairs_step`)
+    """
     f32 = ir.FloatType()
     i64 = ir.IntType(64)
     v16 = ir.VectorType(f32, lanes)
     zero = ir.Constant(v16, [0.0] * lanes)
-    step = lanes if pairs is None else 2 * lanes
+    step = lanes if pairs is WIDENED else 2 * lanes
     accs = [cgutils.alloca_once_value(builder, zero) for _ in range(rows * cols)]
     arows = [builder.add(r0, builder.mul(lda, ir.Constant(i64, i))) for i in range(rows)]
     wrows = [builder.add(w0, builder.mul(ldw, ir.Constant(i64, j))) for j in range(cols)]
@@ -89,8 +131,8 @@ def _dot_block(builder, a_data, r0, lda, w, w_data, w0, ldw, nvec, rows, cols, l
         if far is not None:
             with builder.if_then(builder.icmp_unsigned("!=", far, ir.Constant(i64, 0))):
                 for wr in wrows:
-                    _prefetch(builder, builder.gep(w_data, [builder.add(builder.add(wr, far), q)]), locality=2)
-        if pairs is not None:
+                    _prefetch(builder, builder.gep(w_data, [builder.add(builder.add(wr, far), q)]), PREFETCH_L2)
+        if pairs is not WIDENED:
             _pairs_step(builder, accs, a_data, arows, w_data, wrows, q, lanes, pairs)
         else:
             ws = [_vload_widen(builder, w_data, builder.add(wr, q), w.dtype, lanes) for wr in wrows]
@@ -122,7 +164,7 @@ def _pairs_step(builder, accs, a_data, arows, w_data, wrows, q, lanes, hw):
     each accumulator adds ``a[2l+1] * w[2l+1]``, then ``a[2l] * w[2l]`` (each product exact in
     fp32, each sum rounded): what VDPBF16PS does (``hw``; it also flushes subnormals to zero),
     else two FMAs on the odd and even elements, split off by a mask and a shift (bf16 bits are
-    the high half of fp32 bits). Both gave the same bits on the 2-core EPYC (Zen 4)."""
+    the high half of fp32 bits). tests/test_cube.py checks both against one NumPy model."""
     i64 = ir.IntType(64)
     vf = ir.VectorType(ir.FloatType(), lanes)
     vi = ir.VectorType(ir.IntType(32), lanes)  # a bf16 pair per lane: the odd element high
@@ -156,9 +198,9 @@ def _pairs_step(builder, accs, a_data, arows, w_data, wrows, q, lanes, hw):
 def _dot_codegen(context, builder, sig, args, cols, lanes, rows=4, ahead=0, pairs=None):
     """The accumulators of a ``rows`` x ``cols`` block for an intrinsic typed
     ``(a, r0, lda, w, w0, ldw, nvec, res[, far])``, and the ``res`` array they are stored to
-    (``far``, ``pairs``: see :func:`_dot_block`; ``pairs`` "auto": VDPBF16PS when numba compiles
+    (``far``, ``pairs``: see :func:`_dot_block`; ``PAIRS_AUTO``: VDPBF16PS when numba compiles
     for a CPU that has it)."""
-    if pairs == "auto":
+    if pairs == PAIRS_AUTO:
         pairs = _target_has_bf16_dot(context)
     a_arr = context.make_array(sig.args[0])(context, builder, args[0])
     w_arr = context.make_array(sig.args[3])(context, builder, args[3])
@@ -206,21 +248,25 @@ def _dot_intrinsic(name, codegen, stream=False, pairs=False):
     return intrinsic(dot)
 
 
+def _hsum_tree(builder, v):
+    """The sum of the lanes of vector ``v``, by a tree: 16 -> 8 -> 4 -> 2 -> 1 lanes."""
+    width = v.type.count
+    while width > 1:
+        width //= 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                      list(range(width, 2 * width))))
+        v = builder.fadd(lo, hi)
+    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+
+
 def _store_tree_sums(builder, accs, r_arr):
-    """``res[k]`` = the sum of the lanes of ``accs[k]``, by a tree: 16 -> 8 -> 4 -> 2 -> 1 lanes."""
+    """``res[k]`` = the sum of the lanes of ``accs[k]`` (:func:`_hsum_tree`)."""
     for k, v in enumerate(accs):
-        width = v.type.count
-        while width > 1:
-            width //= 2
-            lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
-            hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width),
-                                                          list(range(width, 2 * width))))
-            v = builder.fadd(lo, hi)
-        total = builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-        builder.store(total, builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), k)]))
+        builder.store(_hsum_tree(builder, v), builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), k)]))
 
 
-def _tree_sums_codegen(cols, rows=4, pairs=None):
+def _tree_sums_codegen(cols, rows=4, pairs=WIDENED):
     """Code generator of a ``rows`` x ``cols`` 512-bit block reduced by :func:`_store_tree_sums`."""
 
     def codegen(context, builder, sig, args):
@@ -255,7 +301,7 @@ def _store_sums_together(builder, vecs, r_arr, lanes):
         builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
 
 
-def _dot4x4(lanes, ahead=0, stream=False, pairs=None):
+def _dot4x4(lanes, ahead=0, stream=False, pairs=WIDENED):
     """The intrinsic ``dot4x4`` for vectors of ``lanes`` fp32 (see :func:`dot4x4`); ``ahead``:
     prefetch distance in weight elements (0: none); ``stream``: it takes a ``far`` argument;
     ``pairs``: bf16 ``a`` and ``w`` (see :func:`_dot_block`, :func:`_dot_codegen`)."""
@@ -265,8 +311,8 @@ def _dot4x4(lanes, ahead=0, stream=False, pairs=None):
         _store_sums_together(builder, vecs, r_arr, lanes)
         return context.get_dummy_value()
 
-    name = f"dot4x4_{lanes}_{ahead}" + ("_stream" if stream else "") + ("" if pairs is None else f"_pairs_{pairs}")
-    return _dot_intrinsic(name, codegen, stream, pairs is not None)
+    name = f"dot4x4_{lanes}_{ahead}" + ("_stream" if stream else "") + ("" if pairs is WIDENED else f"_pairs_{pairs}")
+    return _dot_intrinsic(name, codegen, stream, pairs is not WIDENED)
 
 
 def _outer(rows, vecs, lanes=V16):
@@ -286,7 +332,6 @@ def _outer(rows, vecs, lanes=V16):
             i64 = ir.IntType(64)
             vf = ir.VectorType(f32, lanes)
             zero = ir.Constant(vf, [0.0] * lanes)
-            splat = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
             cptrs = []
             for i in range(rows):
                 crow = builder.add(c0_, builder.mul(ldc_, ir.Constant(i64, i)))
@@ -305,8 +350,7 @@ def _outer(rows, vecs, lanes=V16):
                                    w.dtype, lanes) for v in range(vecs)]
                 for i in range(rows):
                     x = builder.load(builder.gep(a_arr.data, [builder.add(arows[i], p)]))
-                    xv = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-                    xv = builder.shuffle_vector(xv, xv, splat)
+                    xv = _splat(builder, x, vf)
                     for v in range(vecs):
                         acc = accs[vecs * i + v]
                         builder.store(_fma(builder, builder.load(acc), xv, ws[v]), acc)

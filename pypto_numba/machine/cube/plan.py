@@ -38,10 +38,26 @@ def _groups(m: int, n: int, m1: int, n1: int, threads: int):
     return gm, gn
 
 
-def scratch(m1: int, k1: int, n1: int, k0: int, a_is_f32: bool, skinny: bool, threads: int = None, k: int = 0):
-    """Per-thread scratch of one :func:`matmul_nt_kernel` call (allocated once per call).
+def scratch(
+    m1: int,
+    k1: int,
+    n1: int,
+    k0: int,
+    a_is_f32: bool,
+    skinny: bool,
+    threads: int = None,
+    k: int = 0,
+):
+    """Per-thread scratch of one :func:`matmul_nt_kernel` call (allocated once per call):
+    ``(acc, a_l1, b_l1, w_l0, slots)``.
 
-    ``k`` (the full K) sizes the skinny path's widened copy of a: [mL1, K] instead of [mL1, kL1].
+    Parameters
+    ----------
+    m1, k1, n1, k0 : the tiles
+    a_is_f32 : fp32 operands are read in place (no L1 copies)
+    skinny : the decode loops (no L1 copy of b; a copy of a over the whole of K)
+    threads : threads to allocate for (default: ``numba.get_num_threads()``)
+    k : the full K, which sizes the decode path's widened copy of a: [mL1, K]
     """
     nth = numba.get_num_threads() if threads is None else threads
     la = 1 if a_is_f32 else m1
@@ -57,11 +73,6 @@ def scratch(m1: int, k1: int, n1: int, k0: int, a_is_f32: bool, skinny: bool, th
         np.empty((nth, 1, max(k0, 16)), np.float32),  # skinny: the 16 result slots of dot4x4_v16
         slots,  # BLAS argument slots
     )
-
-
-
-# ----------------------------------------------------------------------------------------------
-# plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,9 +115,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
-def plan_walk(m: int, k: int, n: int, tiles, a_dtype: str, b_dtype: str = None, out_dtype: str = None,
-              *, bias_dtype: str = None, profile=None, where: str = "cube") -> CubeWalk:
+def plan_walk(
+    m: int,
+    k: int,
+    n: int,
+    tiles,
+    a_dtype: str,
+    b_dtype: str = None,
+    out_dtype: str = None,
+    *,
+    bias_dtype: str = None,
+    profile=None,
+    where: str = "cube",
+) -> CubeWalk:
     """Validate ``tiles`` for ``a[m, k] @ b[n, k]^T`` and return the walk's buffers and counts.
+
+    ``tiles = ((mL0, mL1), (kL0, kL1), (nL0, nL1))``; ``b_dtype`` and ``out_dtype`` default to
+    ``a_dtype``; ``bias_dtype`` None: no bias; ``where`` names the caller in error messages.
 
     Raises TileError (via :func:`~pypto_numba.machine.plan.cube_tiles`: the buffer, its bytes
     and its budget) and ConstraintError when ``k`` exceeds the matmul inner-axis limit.
@@ -135,8 +160,17 @@ def plan_walk(m: int, k: int, n: int, tiles, a_dtype: str, b_dtype: str = None, 
     )
 
 
-def run_walk(a_k: np.ndarray, b_k: np.ndarray, bias_k, out_k: np.ndarray, walk_or_params, *, skinny=None,
-             merge_k=True, group=True):
+def run_walk(
+    a_k: np.ndarray,
+    b_k: np.ndarray,
+    bias_k,
+    out_k: np.ndarray,
+    walk_or_params,
+    *,
+    skinny=None,
+    merge_k=True,
+    group=True,
+):
     """Run :func:`matmul_nt_kernel` on 2-D kernel views with a walk's tiles; returns its counters.
 
     ``bias_k`` is a 1-D kernel view or None; ``skinny`` forces (True) or forbids (False) the
@@ -162,14 +196,14 @@ def run_walk(a_k: np.ndarray, b_k: np.ndarray, bias_k, out_k: np.ndarray, walk_o
     skinny = bool(skinny)
     if skinny and a_k.dtype == np.float32 and tile.address(a_k) % tile.ALIGN:
         # decode reads fp32 rows of a in place, with every 64-byte vector load of them split
-        # across two lines when a is off a line (NumPy's large arrays start 16 bytes past one);
-        # a line-aligned copy (128 KiB at M = 8, K = 4096) made the call 1.05x faster
+        # across two lines when a is off a line (NumPy's large arrays start 16 bytes past one):
+        # a line-aligned copy is cheaper than the split loads
         aligned, _ = tile.aligned_empty(a_k.shape, "fp32")
         aligned[...] = a_k
         a_k = aligned
     gm = gn = 1
     # prefill only: a decode-shaped gemm (a few rows) is forwarded to gemv by OpenBLAS, and
-    # wider calls made it slower (M = 1, one thread: 12 ms grouped vs 5 ms per block)
+    # wider calls made it slower
     if a_k.dtype == np.float32 and merge_k and not skinny and group and a_k.shape[0] >= SKINNY_M:
         gm, gn = _groups(a_k.shape[0], b_k.shape[0], p["m1"], p["n1"], numba.config.NUMBA_NUM_THREADS)
     work = scratch(p["m1"] * gm, p["k1"], p["n1"] * gn, p["k0"], a_k.dtype == np.float32, skinny, k=a_k.shape[1])

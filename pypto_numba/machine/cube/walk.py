@@ -1,5 +1,10 @@
-"""The cube walk on the CPU: one tile task per output block, L1 staging and L0 steps.
+"""The cube walk on the CPU: :func:`matmul_nt_kernel`, one tile task per output block.
 
+Each task (:func:`walk_task`) zeroes its L0C tiles, runs the kL1 steps by one of three paths
+(the decode loops of :mod:`.decode` for ``M < SKINNY_M``, one BLAS call per block for fp32, or
+16-bit operands widened into L1 scratch then BLAS per kL1 chunk or per L0 step), and ends with
+the :func:`~.epilogue.epilogue` (bias, one rounding). fp32 prefill may instead run groups of
+blocks as one BLAS call (:func:`group_task`). Counts are the walk's in every path.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ def _f32_source_impl(a, scratch):
 @device(boundscheck=False)
 def load_l1(src, r0, c0, rows, cols, dst):
     """GM -> L1: widen ``src[r0:r0+rows, c0:c0+cols]`` (storage kernel view) into fp32 ``dst``."""
-    oc = np.uint64(c0)  # unsigned indices: see the module docstring
+    oc = np.uint64(c0)  # unsigned indices: see machine/jit.py
     for i in range(rows):
         ri = np.uint64(r0 + i)
         di = np.uint64(i)
@@ -51,13 +56,41 @@ def load_l1(src, r0, c0, rows, cols, dst):
 
 
 @device(boundscheck=False)
-def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, merge_k, c, a_l1, b_l1, w_l0, slots):
+def walk_task(
+    t,
+    tn,
+    a,
+    b,
+    bias,
+    out,
+    has_bias,
+    m1,
+    k1,
+    n1,
+    m0,
+    k0,
+    n0,
+    skinny,
+    merge_k,
+    c,
+    a_l1,
+    b_l1,
+    w_l0,
+    slots,
+):
     """One tile task of the walk: output block ``t`` (row-major over ``tn`` column blocks).
-
-    ``c`` [mL1, nL1] fp32 holds the block's L0C tiles; ``a_l1``/``b_l1`` fp32 L1 scratch for
-    16-bit operands (fp32 operands are read in place); ``w_l0`` scratch for the skinny path
-    (the result slots of :func:`dot4x4_v16`); ``slots`` the address of this thread's BLAS argument slots.
     Returns (gm_read, gm_write, flops).
+
+    Parameters
+    ----------
+    t, tn : the block's index, column blocks per row of blocks
+    a, b, bias, out, has_bias : as :func:`matmul_nt_kernel`
+    m1, k1, n1, m0, k0, n0 : the tiles (L1 and L0 sizes)
+    skinny, merge_k : the decode loops; one BLAS call per kL1 chunk (else per L0 step)
+    c : [mL1, nL1] fp32, the block's L0C tiles
+    a_l1, b_l1 : fp32 L1 scratch for 16-bit operands (fp32 operands are read in place)
+    w_l0 : the decode loops' result slots (of :func:`~.blocks.dot4x4_v16`)
+    slots : address of this thread's BLAS argument slots
     """
     M, K = a.shape
     N = b.shape[0]
@@ -79,17 +112,15 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
     pa = src_a.ctypes.data  # addresses for BLAS, taken once per task
     pb = src_b.ctypes.data
     pc = c.ctypes.data
-    af = src_a.reshape(-1)  # flat view for the skinny loops (see gemv_rows)
+    af = src_a.reshape(-1)  # flat view for the decode loops (see gemv_rows)
     wf = w_l0.reshape(-1)
     if skinny:
         # Decode: same walk and counts, loops reordered for a CPU. The GM -> L1 moves of a are
         # counted per kL1 step as in the walk (fp16: widened into an fp32 [mL1, K] scratch; fp32
-        # and bf16 are read in place);
-        # then each group of SKINNY_ROWS weight rows is streamed once over the whole of K (sequential
-        # streams the prefetchers follow, rather than kL1-sized pieces of 128 rows at a 16 KB
-        # stride) against all rows of a (register blocks, see gemv_rows), each L0C value accumulating
-        # one fp32 partial sum per kL1 step, in ascending k as in the walk. a ([mL1, K] fp32,
-        # 128 KiB for 8 x 4096) stays in L2.
+        # and bf16 are read in place); then each group of SKINNY_ROWS weight rows is streamed once
+        # over the whole of K (sequential streams the prefetchers follow) against all rows of a
+        # (see gemv_rows), each L0C value accumulating one fp32 partial sum per kL1 step, in
+        # ascending k as in the walk. a stays in L2.
         pairs = _pairs(a)  # bf16: a is read in place, in pairs (gemv_rows_pairs)
         for kk in range(0, K, k1):
             vk1 = min(k1, K - kk)
@@ -161,12 +192,27 @@ def walk_task(t, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, 
 
 
 @device(boundscheck=False)
-def group_task(bi0, bi1, bj0, bj1, a, b, bias, out, has_bias, m1, k1, n1, c, slots):
+def group_task(
+    bi0,
+    bi1,
+    bj0,
+    bj1,
+    a,
+    b,
+    bias,
+    out,
+    has_bias,
+    m1,
+    k1,
+    n1,
+    c,
+    slots,
+):
     """Blocks ``[bi0, bi1) x [bj0, bj1)`` of the walk (fp32 operands, merged K) by one BLAS call.
 
     Counts every block of the group exactly as :func:`walk_task` does (GM -> L1 per kL1 step,
-    the bias per block, one write per block); ``c`` holds the group's fp32 accumulators.
-    Returns (tasks, gm_read, gm_write, flops).
+    the bias per block, one write per block); ``c`` holds the group's fp32 accumulators; the
+    other parameters as :func:`walk_task`. Returns (tasks, gm_read, gm_write, flops).
     """
     M, K = a.shape
     N = b.shape[0]
@@ -202,15 +248,41 @@ def group_task(bi0, bi1, bj0, bj1, a, b, bias, out, has_bias, m1, k1, n1, c, slo
 
 
 @kernel
-def matmul_nt_kernel(a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0, skinny, merge_k, gm, gn,
-                     acc, a_l1, b_l1, w_l0, slots):
+def matmul_nt_kernel(
+    a,
+    b,
+    bias,
+    out,
+    has_bias,
+    m1,
+    k1,
+    n1,
+    m0,
+    k0,
+    n0,
+    skinny,
+    merge_k,
+    gm,
+    gn,
+    acc,
+    a_l1,
+    b_l1,
+    w_l0,
+    slots,
+):
     """``out = round(a @ b^T (+ bias))`` by the cube walk; returns the counters tuple.
 
-    ``a[M, K]``, ``b[N, K]``, ``bias[N]`` (any 1-element array when ``has_bias`` is False),
-    ``out[M, N]``: storage kernel views (a, b, bias share one dtype; out may differ). The rest
-    is per-thread scratch indexed by ``numba.get_thread_id()`` (allocated by :func:`run_walk`).
-    ``gm x gn`` > 1 (fp32, merged K only): each prange iteration runs a group of gm x gn walk
-    blocks as one BLAS call (:func:`group_task`); the counts stay per block.
+    Parameters
+    ----------
+    a, b, bias, out : ``a[M, K]``, ``b[N, K]``, ``bias[N]``, ``out[M, N]``: storage kernel
+        views (a, b, bias share one dtype; out may differ)
+    has_bias : False: ``bias`` is any 1-element array, not read
+    m1, k1, n1, m0, k0, n0 : the tiles (L1 and L0 sizes)
+    skinny, merge_k : see :func:`walk_task`
+    gm, gn : > 1 (fp32, merged K only): each prange iteration runs a group of gm x gn walk
+        blocks as one BLAS call (:func:`group_task`); the counts stay per block
+    acc, a_l1, b_l1, w_l0, slots : per-thread scratch indexed by ``numba.get_thread_id()``
+        (:func:`~.plan.scratch`)
     """
     M = a.shape[0]
     N = b.shape[0]
