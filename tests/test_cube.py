@@ -282,9 +282,9 @@ def _pairs_sums(a, w, steps, odd_first=True):
 
 
 def _pairs_kernels(hw):
-    """njit drivers of the 4x4 and 1x4 pairs blocks; hw: VDPBF16PS (True), the FMA form (False)
-    or whatever numba's target has ("auto": the blocks the decode loops use)."""
-    if hw == "auto":
+    """njit drivers of the 4x4 and 1x4 pairs blocks; hw: VDPBF16PS (DPBF16), the FMA form
+    (PAIRS_FMA) or whatever numba's target has (PAIRS_AUTO: the blocks the decode loops use)."""
+    if hw == ir_blocks.PAIRS_AUTO:
         b44, b14 = cube.dot4x4_pairs_stream, cube.dot1x4_pairs_stream
     else:
         b44 = ir_blocks._dot4x4(cube.V16, cube.SKINNY_AHEAD, stream=True, pairs=hw)
@@ -310,20 +310,26 @@ def _pairs_kernels(hw):
 
 
 def _host_has_bf16_dot():
+    """Whether the CPU numba compiles for (NUMBA_CPU_FEATURES, else the host's) has AVX512_BF16."""
     import llvmlite.binding as llvm
 
     features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
-    return "+avx512bf16" in features.split(",")
+    return ir_blocks._BFloat is not None and "+avx512bf16" in features.split(",")
 
 
-@pytest.mark.parametrize("hw", [False, True, "auto"])
+needs_avx512_bf16 = pytest.mark.skipif(not _host_has_bf16_dot(),
+                                       reason="needs AVX512_BF16 (VDPBF16PS), which this CPU lacks")
+"""Marks the tests of the VDPBF16PS form of the bf16 pairs blocks."""
+
+
+@pytest.mark.parametrize("hw", [ir_blocks.PAIRS_FMA, pytest.param(ir_blocks.DPBF16, marks=needs_avx512_bf16),
+                                ir_blocks.PAIRS_AUTO])
 @pytest.mark.parametrize("k, nvec", [(96, 3), (70, 2), (32, 1), (40, 0)])
 def test_bf16_pairs_blocks_sum_in_pairs(hw, k, nvec, rng):
     """The bf16 decode blocks (cube.dot4x4_pairs / dot1x4_pairs and their VDPBF16PS and FMA forms)
     give exactly the bits of the pairs order, modelled in NumPy float32, over the first 32*nvec
-    elements (NaN past them would poison the sums); the 4x4 and 1x4 blocks agree."""
-    if hw is True and not _host_has_bf16_dot():
-        pytest.skip("this CPU has no AVX512_BF16 (VDPBF16PS)")
+    elements (NaN past them would poison the sums); the 4x4 and 1x4 blocks agree. The inputs
+    have no subnormals, which VDPBF16PS would flush to zero."""
 
     def spread(shape):  # magnitudes 2^-6 .. 2^6: most additions round
         return (rng.standard_normal(shape) * 2.0 ** rng.integers(-6, 7, size=shape)).astype(NP_DTYPE["bf16"])
