@@ -42,6 +42,9 @@ The package, one concern per file:
     epilogue.py    L0C -> GM: the fused bias and the one rounding
     plan.py        plan_walk (tiles, counts) and run_walk (scratch, BLAS threads, the kernel)
 
+The walk kernel's numba cache is keyed on ``walk.py`` alone: after editing any other file here,
+clear ``NUMBA_CACHE_DIR`` (the cache pitfall of machine/jit.py).
+
 CPU implementation (none of it changes the NPU semantics above; measurements behind each
 choice: docs/perf/cube.md)
 -------------------------------------------------------------------------------------------

@@ -125,7 +125,6 @@ def dynamic_tasks(chunk: int = 1):
         numba.set_parallel_chunksize(before)
 
 
-
 @numba.extending.intrinsic
 def _as_int32_ptr(typingctx, addr):
     """An integer address as an ``int32*`` (for ``numba.carray``)."""

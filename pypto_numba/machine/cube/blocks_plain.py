@@ -152,5 +152,6 @@ def outer_block_plain(
         for col in range(cols):
             s = c[ci + np.uint64(col)] if acc != 0 else np.float32(0.0)
             for p in range(k):
-                s += a[ai + np.uint64(p)] * dtypes.widen(w[np.uint64(w0) + np.uint64(p) * np.uint64(ldw) + np.uint64(col)])
+                wp = np.uint64(w0) + np.uint64(p) * np.uint64(ldw)
+                s += a[ai + np.uint64(p)] * dtypes.widen(w[wp + np.uint64(col)])
             c[ci + np.uint64(col)] = s

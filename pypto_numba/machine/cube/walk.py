@@ -20,6 +20,7 @@ from .blas import ARG_SLOTS, mma_blas
 from .decode import SKINNY_ROWS, _pairs, _skinny_rows
 from .epilogue import epilogue
 
+
 def _is_f32(a):
     """True for a float32 array (its data can be used in place as an fp32 tile)."""
     return np.asarray(a).dtype == np.float32
