@@ -32,6 +32,11 @@ On the CPU, M >= 16 runs BLAS sgemm on fp32 (16-bit operands widened exactly); M
 cube's decode loops, streaming the weight once. bf16 decode multiplies x and the weight as stored,
 in pairs of elements (``VDPBF16PS`` where the CPU has AVX512_BF16, else the same sums by FMAs:
 the same bits, except that ``VDPBF16PS`` flushes subnormal inputs and sums to zero).
+
+Where the code is: this module plans a call and runs it (:func:`_run`: checks, plan, launch);
+the cube kernel is :func:`pypto_numba.machine.cube.walk.matmul_nt_kernel` (one task per output
+block, ``walk.py``), the decode loops are in ``machine/cube/decode.py``, and the fused bias is
+added, and the sum rounded once, in the epilogue, ``machine/cube/epilogue.py``.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ def _bias_add_kernel(prod, bias, out, m1, n1, ops_per_elem):
         vn = min(n1, N - nb)
         ob = np.uint64(nb)
         for i in range(mb, mb + vm):
-            # flat views, uint64 indices: no negative-index wraparound, so the row vectorises
+            # flat views, uint64 indices (see machine/jit.py)
             row = np.uint64(i) * np.uint64(N) + ob
             for j in range(np.uint64(vn)):
                 out_flat[row + j] = dtypes.narrow(out, dtypes.widen(prod_flat[row + j]) + dtypes.widen(bias[ob + j]))
@@ -219,22 +224,23 @@ _CALLS = CallMemo()
 
 
 def _run(strategy, x, weight, bias, profile, cube_tiles):
+    """One linear call: the prepared call of its signature (checked and planned on the first
+    call, see :class:`~pypto_numba.machine.memo.CallMemo`), then its kernels: the cube walk
+    (``cube.run_walk``; with ``fused_bias`` the bias is added in its epilogue), and for
+    ``matmul_add`` with a bias the vector kernel that adds it."""
     key = _CALLS.key(profile, (x, weight, bias), (strategy, cube_tiles))
     c = _CALLS.get(key)
-    if c is not None:
-        return _launch(c, x, weight, bias, 0)
-    where = f"linear.{strategy}"
-    xt, wt, bt, dtype = _inputs(where, x, weight, bias)
-    p = _plan(strategy, xt.shape, wt.shape, dtype, bt is not None, profile, cube_tiles)
-    c = _Call(strategy, p, xt, wt, bt, dtype)
-    copied = xt.copied_bytes + wt.copied_bytes + (bt.copied_bytes if bt is not None else 0)
-    if not copied:
-        _CALLS.put(key, c)
-    return _launch(c, xt.array, wt.array, None if bt is None else bt.array, copied)
-
-
-def _launch(c, x, weight, bias, copied):
-    """Run the kernels of a prepared call on contiguous arrays of its signature."""
+    copied = 0
+    if c is None:
+        where = f"linear.{strategy}"
+        xt, wt, bt, dtype = _inputs(where, x, weight, bias)
+        p = _plan(strategy, xt.shape, wt.shape, dtype, bt is not None, profile, cube_tiles)
+        c = _Call(strategy, p, xt, wt, bt, dtype)
+        copied = xt.copied_bytes + wt.copied_bytes + (bt.copied_bytes if bt is not None else 0)
+        if not copied:
+            _CALLS.put(key, c)
+        x, weight, bias = xt.array, wt.array, None if bt is None else bt.array
+    # the kernels, on contiguous arrays of the call's signature
     p = c.plan
     n = c.out_shape[-1]
     x2 = x.view(c.kdt).reshape(-1, c.k)

@@ -1,4 +1,4 @@
-"""The cube unit on its own: machine/cube.py against a float64 matmul of the widened operands.
+"""The cube unit on its own: machine/cube/ against a float64 matmul of the widened operands.
 
 Covers every storage dtype, odd M/N/K tails on every tile level, the BLAS (M >= 16) and the
 hand-written skinny (decode) paths, the bias epilogue, exact counts of the walk, thread-count
@@ -14,6 +14,8 @@ import pytest
 from conftest import DTYPES, NP_DTYPE, make
 from pypto_numba.errors import ConstraintError, TileError
 from pypto_numba.machine import cube, dtypes
+from pypto_numba.machine.cube import blas, ir_blocks
+from pypto_numba.machine.cube import plan as cube_plan
 from pypto_numba.machine.profile import load_profile
 
 U_OUT = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
@@ -101,10 +103,10 @@ def test_skinny_and_blas_paths_agree(dt, rng):
 def test_grouped_blas_calls_count_per_block(edge, rng, monkeypatch):
     """fp32 prefill: groups of walk blocks run as one BLAS call (tails in both axes); the counts
     are the walk's, per block, and the values those of the ungrouped walk."""
-    monkeypatch.setattr(cube, "GROUP_EDGE", edge)
+    monkeypatch.setattr(cube_plan, "GROUP_EDGE", edge)
     a, b, bias = make((100, 70), "fp32", rng), make((200, 70), "fp32", rng), make((200,), "fp32", rng)
     walk = cube.plan_walk(100, 70, 200, TILES, "fp32", bias_dtype="fp32")
-    gm, gn = cube._groups(100, 200, 32, 48, numba.config.NUMBA_NUM_THREADS)
+    gm, gn = cube_plan._groups(100, 200, 32, 48, numba.config.NUMBA_NUM_THREADS)
     assert (gm * gn > 1) == (edge > 48)
     outs = []
     for group in (True, False):
@@ -129,10 +131,10 @@ def test_bit_identical_for_one_and_two_threads(rng):
 
 
 def test_blas_thread_count_restored():
-    assert cube.blas_available() == (cube._scipy_openblas() is not None)
+    assert cube.blas_available() == (blas._scipy_openblas() is not None)
     if not cube.blas_available():
         pytest.skip("SciPy's OpenBLAS not found on this platform")
-    get, _ = cube._scipy_openblas()
+    get, _ = blas._scipy_openblas()
     before = get()
     with cube.single_thread_blas():
         assert get() == 1
@@ -259,7 +261,7 @@ def test_dot1x4_register_block(dt, k, nvec, rng):
 
 
 def _pairs_sums(a, w, steps, odd_first=True):
-    """NumPy float32 model of the bf16 pairs blocks (cube._pairs_step): lane l of an accumulator
+    """NumPy float32 model of the bf16 pairs blocks (ir_blocks._pairs_step): lane l of an accumulator
     adds a[2l+1]*w[2l+1], then a[2l]*w[2l], for each 32-element step (products exact in fp32, each
     sum rounded to nearest even), then the 16 lanes are summed by halves (16 -> 8 -> 4 -> 2 -> 1).
     ``odd_first=False``: the even element first (the wrong order, to show the test can tell)."""
@@ -280,13 +282,13 @@ def _pairs_sums(a, w, steps, odd_first=True):
 
 
 def _pairs_kernels(hw):
-    """njit drivers of the 4x4 and 1x4 pairs blocks; hw: VDPBF16PS (True), the FMA form (False)
-    or whatever numba's target has ("auto": the blocks the decode loops use)."""
-    if hw == "auto":
+    """njit drivers of the 4x4 and 1x4 pairs blocks; hw: VDPBF16PS (DPBF16), the FMA form
+    (PAIRS_FMA) or whatever numba's target has (PAIRS_AUTO: the blocks the decode loops use)."""
+    if hw == ir_blocks.PAIRS_AUTO:
         b44, b14 = cube.dot4x4_pairs_stream, cube.dot1x4_pairs_stream
     else:
-        b44 = cube._dot4x4(cube.V16, cube.SKINNY_AHEAD, stream=True, pairs=hw)
-        b14 = cube._dot_intrinsic(f"dot1x4_pairs_test_{hw}", cube._tree_sums_codegen(4, rows=1, pairs=hw),
+        b44 = ir_blocks._dot4x4(cube.V16, cube.SKINNY_AHEAD, stream=True, pairs=hw)
+        b14 = ir_blocks._dot_intrinsic(f"dot1x4_pairs_test_{hw}", ir_blocks._tree_sums_codegen(4, rows=1, pairs=hw),
                                   stream=True, pairs=True)
 
     @numba.njit
@@ -308,20 +310,26 @@ def _pairs_kernels(hw):
 
 
 def _host_has_bf16_dot():
+    """Whether the CPU numba compiles for (NUMBA_CPU_FEATURES, else the host's) has AVX512_BF16."""
     import llvmlite.binding as llvm
 
     features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
-    return "+avx512bf16" in features.split(",")
+    return ir_blocks._BFloat is not None and "+avx512bf16" in features.split(",")
 
 
-@pytest.mark.parametrize("hw", [False, True, "auto"])
+needs_avx512_bf16 = pytest.mark.skipif(not _host_has_bf16_dot(),
+                                       reason="needs AVX512_BF16 (VDPBF16PS), which this CPU lacks")
+"""Marks the tests of the VDPBF16PS form of the bf16 pairs blocks."""
+
+
+@pytest.mark.parametrize("hw", [ir_blocks.PAIRS_FMA, pytest.param(ir_blocks.DPBF16, marks=needs_avx512_bf16),
+                                ir_blocks.PAIRS_AUTO])
 @pytest.mark.parametrize("k, nvec", [(96, 3), (70, 2), (32, 1), (40, 0)])
 def test_bf16_pairs_blocks_sum_in_pairs(hw, k, nvec, rng):
     """The bf16 decode blocks (cube.dot4x4_pairs / dot1x4_pairs and their VDPBF16PS and FMA forms)
     give exactly the bits of the pairs order, modelled in NumPy float32, over the first 32*nvec
-    elements (NaN past them would poison the sums); the 4x4 and 1x4 blocks agree."""
-    if hw is True and not _host_has_bf16_dot():
-        pytest.skip("this CPU has no AVX512_BF16 (VDPBF16PS)")
+    elements (NaN past them would poison the sums); the 4x4 and 1x4 blocks agree. The inputs
+    have no subnormals, which VDPBF16PS would flush to zero."""
 
     def spread(shape):  # magnitudes 2^-6 .. 2^6: most additions round
         return (rng.standard_normal(shape) * 2.0 ** rng.integers(-6, 7, size=shape)).astype(NP_DTYPE["bf16"])
