@@ -35,9 +35,10 @@ def _profiles(args) -> int:
 
 
 def _compare(args) -> int:
-    from .compare import CASES, compare, make_inputs, parse_shape
+    from . import strategy
+    from .compare import compare, make_inputs, parse_shape
 
-    ops = [args.op] if args.op else list(CASES)
+    ops = [args.op] if args.op else list(strategy.OPS)
     results = []
     for op in ops:
         shape = parse_shape(args.shape) if args.shape else None
@@ -45,8 +46,15 @@ def _compare(args) -> int:
         options = {}
         if args.dim is not None:
             options["dim"] = args.dim
-        result = compare(op, *inputs, strategies=args.strategy, policy=args.policy,
-                             repeats=args.repeats, profile=args.profile, **options)
+        result = compare(
+            op,
+            *inputs,
+            strategies=args.strategy,
+            policy=args.policy,
+            repeats=args.repeats,
+            profile=args.profile,
+            **options,
+        )
         results.append(result)
         if args.format == "table":
             print(result.to_table(), end="\n\n", flush=True)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 import io
 import math
 import os
@@ -85,7 +84,7 @@ def _tuples(value):
 
 def load_scenarios(path) -> list:
     """Parse and validate ``scenarios.toml``: ops known, advise keywords accepted, sweep keys present."""
-    from .advise import SCENARIOS
+    from .strategy import OPS, spec
 
     try:
         with open(path, "rb") as fh:
@@ -101,12 +100,12 @@ def load_scenarios(path) -> list:
             if key not in raw:
                 raise PyptoNumbaError(f"{where}: missing {key!r}")
         op = raw["op"]
-        if op not in SCENARIOS:
-            raise PyptoNumbaError(f"{where}: unknown op {op!r}; known: {', '.join(SCENARIOS)}")
+        if op not in OPS:
+            raise PyptoNumbaError(f"{where}: unknown op {op!r}; known: {', '.join(OPS)}")
         if raw["name"] in seen or not re.fullmatch(r"[A-Za-z0-9_.-]+", raw["name"]):
             raise PyptoNumbaError(f"{where}: name must be unique and use letters, digits, _ . - only")
         seen.add(raw["name"])
-        params = [p for p in inspect.signature(SCENARIOS[op]).parameters if p != "profile"]
+        params = spec(op).scenario_keywords
         also = tuple(_tuples(a) for a in raw.get("also", ()))
         for d in (raw["advise"],) + also:
             bad = sorted(set(d) - set(params))
@@ -165,11 +164,12 @@ class Point:
 
 def price_all(op: str, scenario: dict, also=(), profile=None) -> dict:
     """Every candidate strategy of ``advise``'s scenario (plus the ``also`` overrides), priced."""
-    from .advise import SCENARIOS, total
+    from .advise import total
+    from .strategy import spec
 
     out = {}
     for override in ({},) + tuple(also):
-        cands = SCENARIOS[op](profile, **{**scenario, **override})[0]
+        cands = spec(op).advise(profile, **{**scenario, **override})[0]
         via = ", ".join(f"{k}={v!r}" for k, v in override.items())
         for cand in cands:
             if cand.label in out:
@@ -556,8 +556,8 @@ def _measure_variants(op, spec, dtype, profile, repeats) -> list:
                 with trace() as t:
                     out = fn(*inputs, profile=profile, **options)
                 ref = c.reference(*inputs, strategy=name, **spec.get("options", {}))
-                rtol, atol = c.tolerances(dtype)
-                res = [precision.evaluate(o, r, dtype, c.policy, rtol, atol)
+                rtol, atol = c.tolerance(dtype)
+                res = [precision.evaluate(o, r, dtype, c.tolerance.policy, rtol, atol)
                        for o, r in zip(c.outputs(out), ref if isinstance(ref, tuple) else (ref,))]
                 times = []
                 for _ in range(max(1, repeats)):
@@ -570,7 +570,8 @@ def _measure_variants(op, spec, dtype, profile, repeats) -> list:
             except Exception as exc:  # an in-progress edit elsewhere must not lose the whole report
                 runs.append(Run(label, dtype, error=f"{type(exc).__name__}: {exc}"))
                 continue
-            runs.append(Run(label, dtype, verdict="PASS" if all(r.passed for r in res) else "FAIL", policy=c.policy,
+            runs.append(Run(label, dtype, verdict="PASS" if all(r.passed for r in res) else "FAIL",
+                            policy=c.tolerance.policy,
                             max_abs=max(r.max_abs for r in res), max_rel=max(r.max_rel for r in res),
                             ulps=max(r.max_ulps for r in res), cpu_seconds=statistics.median(times),
                             gm_bytes=sum((r.cost for r in t.records), Cost()).gm_bytes))
