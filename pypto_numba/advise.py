@@ -67,7 +67,14 @@ def total(plans) -> tuple:
     return cost, seconds, bound
 
 
-def _decide(op: str, scenario: dict, profile, candidates, seed_choice: str = None, notes=()) -> Advice:
+def _decide(
+    op: str,
+    scenario: dict,
+    profile,
+    candidates,
+    seed_choice: str = None,
+    notes=(),
+) -> Advice:
     prof = load_profile(profile)
     rejected, ranked = {}, []
     for cand in candidates:

@@ -104,6 +104,13 @@ def _report(args) -> int:
     return generate(args.out, measure_runs=not args.no_measure, check=args.check, repeats=args.repeats)
 
 
+def _shape_orders() -> str:
+    """Each op's --shape order, from its OP spec."""
+    from .strategy import specs
+
+    return "--shape per op:\n" + "\n".join(f"  {s.name}: {s.inputs.help}" for s in specs())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pypto-numba", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=_profiles)
 
-    p = sub.add_parser("compare", help="run every strategy of an op side by side")
+    p = sub.add_parser("compare", help="run every strategy of an op side by side",
+                       epilog=_shape_orders(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("op", nargs="?", help="op to compare (default: every op's default scenario)")
     p.add_argument("--shape", help="input shape, comma-separated (default: the op's default scenario)")
     p.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"))

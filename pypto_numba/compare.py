@@ -193,10 +193,9 @@ def compare(
         row.estimate = row.cost.estimate(prof_name, dtype)
         rows.append(row)
         timed.append((row, variant))
-    # CPU times last, the strategies' warm runs interleaved. Timed right after its float64
-    # reference, a strategy shared the cores with what that left running (NumPy's BLAS threads
-    # spin for a while after a call): a 0.6 ms decode call was once reported at 7.7 ms.
-    # Interleaving also spreads a shared host's noise over every strategy alike.
+    # CPU times last, the strategies' warm runs interleaved: timed right after its float64
+    # reference, a strategy would share the cores with NumPy's BLAS threads, which spin for a while
+    # after a call (docs/perf/lab.md). Interleaving spreads a shared host's noise over all alike.
     times = [[] for _ in timed]
     for _ in range(max(1, repeats)):
         for (_, variant), ts in zip(timed, times):

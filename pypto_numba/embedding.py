@@ -511,7 +511,14 @@ def _lab_inputs(shape, dtype, rng):
     return normal((V, H), dtype, rng), rng.integers(0, V, size=(B, S), dtype=np.int32)
 
 
-def _embedding(profile, vocab=151936, hidden=2048, ids_shape=(8, 2048), dtype="bf16", ids_dtype="int32"):
+def _embedding(
+    profile,
+    vocab=151936,
+    hidden=2048,
+    ids_shape=(8, 2048),
+    dtype="bf16",
+    ids_dtype="int32",
+):
     from .lab import Candidate
 
     cands = [

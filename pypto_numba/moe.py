@@ -797,7 +797,16 @@ def _lab_variants():
     ]
 
 
-def _moe(profile, tokens=4096, experts=256, top_k=8, n_group=8, topk_group=4, dtype="fp32", router="sigmoid"):
+def _moe(
+    profile,
+    tokens=4096,
+    experts=256,
+    top_k=8,
+    n_group=8,
+    topk_group=4,
+    dtype="fp32",
+    router="sigmoid",
+):
     from .advise import price
     from .lab import Candidate
 

@@ -132,8 +132,17 @@ def _lab_inputs(shape, dtype, rng):
     return normal((B, Hkv, S, D), dtype, rng), n_rep
 
 
-def _repeat_kv(profile, batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=4096, head_dim=128, dtype="bf16",
-                strategy="online"):
+def _repeat_kv(
+    profile,
+    batch=1,
+    q_heads=32,
+    kv_heads=8,
+    q_len=1,
+    kv_len=4096,
+    head_dim=128,
+    dtype="bf16",
+    strategy="online",
+):
     """GQA for an attention strategy: the K/V copy (expand_clone) against the head loop."""
     from .attention import plan_flash, plan_online
     from .errors import PyptoNumbaError

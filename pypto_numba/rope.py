@@ -1050,8 +1050,16 @@ def _lab_variants():
     ]
 
 
-def _rope(profile, tokens=128, heads=16, head_dim=128, rot_dim=None, dtype="bf16", adjacent_rmsnorm=True,
-                layout="split_half"):
+def _rope(
+    profile,
+    tokens=128,
+    heads=16,
+    head_dim=128,
+    rot_dim=None,
+    dtype="bf16",
+    adjacent_rmsnorm=True,
+    layout="split_half",
+):
     from .lab import Candidate
 
     x = (tokens, heads, head_dim)

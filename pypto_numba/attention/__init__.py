@@ -34,7 +34,16 @@ __all__ = ["standard", "online", "flash", "plan_standard", "plan_online", "plan_
 # --- lab spec ---
 # What compare, advise and report need to know about attention (pypto_numba/lab/spec.py).
 
-def _reference_attention(q, k, v, scale=None, causal=False, kv_len=None, mask=None, return_lse=False):
+def _reference_attention(
+    q,
+    k,
+    v,
+    scale=None,
+    causal=False,
+    kv_len=None,
+    mask=None,
+    return_lse=False,
+):
     """Softmax attention with GQA, bottom-right causal alignment, kv_len and an additive mask.
 
     Fully masked query rows return zeros (and lse = -inf).
@@ -87,13 +96,34 @@ def _lab_inputs(shape, dtype, rng):
             normal((B, Hkv, Skv, D), dtype, rng))
 
 
-def _lab_reference(q, k, v, strategy, gqa=None, pv=None, kv_tile=None, q_tile=None, num_splits=None, **o):
+def _lab_reference(
+    q,
+    k,
+    v,
+    strategy,
+    gqa=None,
+    pv=None,
+    kv_tile=None,
+    q_tile=None,
+    num_splits=None,
+    **o,
+):
     """The oracle takes the math options only; tiling and GQA options do not change the result."""
     return _reference_attention(q, k, v, **o)
 
 
-def _attention(profile, batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=4096, head_dim=128, dtype="bf16",
-                causal=False, gqa="head_loop"):
+def _attention(
+    profile,
+    batch=1,
+    q_heads=32,
+    kv_heads=8,
+    q_len=1,
+    kv_len=4096,
+    head_dim=128,
+    dtype="bf16",
+    causal=False,
+    gqa="head_loop",
+):
     from ..lab import Candidate
 
     q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)

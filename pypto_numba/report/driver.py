@@ -38,8 +38,16 @@ class Progress:
         self.stream.flush()
 
 
-def generate(out_dir: str, *, measure_runs: bool = True, check: bool = False, repeats: int = 3,
-             stream=None, scenarios_path=None, charts: bool = None) -> int:
+def generate(
+    out_dir: str,
+    *,
+    measure_runs: bool = True,
+    check: bool = False,
+    repeats: int = 3,
+    stream=None,
+    scenarios_path=None,
+    charts: bool = None,
+) -> int:
     """Regenerate (or, with ``check``, verify) the pages in ``out_dir``; returns the exit code.
 
     ``charts=None`` draws (or checks) the charts and requires matplotlib to write pages; ``False``
