@@ -25,7 +25,6 @@ from .lab.spec import OpSpec, Variant  # noqa: F401  (Variant: compare's row typ
 from .machine import dtypes
 from .machine.cost import Cost
 from .strategy import spec as op_spec
-from .strategy import strategies as registry
 from .strategy import trace
 
 
@@ -150,7 +149,7 @@ def compare(
 ) -> Comparison:
     """Run every strategy of ``op`` (or those named) on ``inputs`` and score each one."""
     c = case(op)
-    variants = c.rows(registry(op))
+    variants = c.rows()
     if strategies is not None:
         names = [strategies] if isinstance(strategies, str) else list(strategies)
         unknown = set(names) - {v.label for v in variants}

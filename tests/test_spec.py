@@ -21,7 +21,8 @@ def test_every_op_has_its_spec_in_its_module():
         spec = strategy.spec(op)
         assert getattr(pn, op).OP is spec and spec.name == op
         assert pn.SEED[op] == tuple(spec.seed)
-        labels = {v.label for v in spec.rows(pn.strategies(op))}
+        assert spec.strategies == pn.strategies(op)
+        labels = {v.label for v in spec.rows()}
         assert spec.seed.preferred in labels, op
         assert spec.scenario_keywords, op
 

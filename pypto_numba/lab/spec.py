@@ -7,7 +7,8 @@ it holds no per-op table or branch.
 
 A spec declares:
 
-- ``seed``: the seed document's recommendation (preferred, alternative, deciding criterion);
+- ``seed``: the seed document's recommendation (preferred, alternative, deciding criterion); the
+  strategies themselves are the module's ``@register``-ed functions (``OpSpec.strategies``);
 - ``reference``: the float64 oracle compare scores registry rows against, and ``oracles``, the
   public oracles that :mod:`pypto_numba.reference` re-exports by name;
 - ``inputs``: how compare makes inputs from a shape; ``variants``: compare's rows when they are
@@ -106,16 +107,23 @@ class OpSpec:
         register_op(self)
 
     @property
+    def strategies(self) -> list:
+        """The op's registered strategies (each public function's ``@register`` in the op's module)."""
+        from ..strategy import strategies
+
+        return strategies(self.name)
+
+    @property
     def scenario_keywords(self) -> list:
         """The keywords ``advise(op, ...)`` takes, in order."""
         return [p for p in inspect.signature(self.advise).parameters if p != "profile"]
 
-    def rows(self, registered) -> list:
+    def rows(self) -> list:
         """compare's rows: the declared variants, else one per registered strategy."""
         if self.variants is not None:
             return self.variants()
         return [Variant(e.name, e.fn, functools.partial(self.reference, strategy=e.name), e.recommended)
-                for e in registered]
+                for e in self.strategies]
 
 
 # --- input helpers shared by the ops' ``Inputs.make`` ------------------------------------------
