@@ -19,7 +19,10 @@ from .strategy import SEED, strategies, trace
 from .compare import compare
 from .advise import advise
 
-from . import attention, embedding, gelu, linear, mean, moe, repeat_kv, rope  # noqa: E402  (op modules register their strategies on import)
+# The ops, in the order the lab lists them (strategy.OPS, SEED, compare's tables, the report):
+# each module registers its strategies and, at its end, its OP spec (pypto_numba/lab/spec.py).
+# A new op is one more name here.
+from . import gelu, mean, rope, attention, repeat_kv, moe, linear, embedding  # noqa: E402,I001
 
 __version__ = "0.1.0"
 

@@ -20,21 +20,15 @@ Where the numbers contradict the seed's recommendation, the advice says so.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 from .errors import ConstraintError, PyptoNumbaError, TileError
+from .lab.spec import Candidate  # noqa: F401  (advise's candidate type, re-exported)
 from .machine.cost import Cost
 from .machine.profile import load_profile
 from .strategy import SEED
+from .strategy import spec as op_spec
 
 TIE = 0.05  # candidates within 5 % of estimated NPU time are a tie, decided by principle 4
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    label: str
-    plans: Callable  # () -> tuple of Plans (several for a composition)
-    fused: bool = True
 
 
 @dataclasses.dataclass
@@ -73,7 +67,14 @@ def total(plans) -> tuple:
     return cost, seconds, bound
 
 
-def _decide(op: str, scenario: dict, profile, candidates, seed_choice: str = None, notes=()) -> Advice:
+def _decide(
+    op: str,
+    scenario: dict,
+    profile,
+    candidates,
+    seed_choice: str = None,
+    notes=(),
+) -> Advice:
     prof = load_profile(profile)
     rejected, ranked = {}, []
     for cand in candidates:
@@ -123,95 +124,8 @@ def _decide(op: str, scenario: dict, profile, candidates, seed_choice: str = Non
                   rejected=rejected, ranking=ranking, seed=seed, agrees_with_seed=agrees)
 
 
-# --- per-op scenarios ---------------------------------------------------------------------------
-
-def _gelu(profile, shape=(8, 11008), dtype="bf16", exact=False):
-    from . import gelu
-
-    cands = [Candidate("erf", lambda: (gelu.plan_erf(shape, dtype, profile=profile),))]
-    if not exact:
-        cands.insert(0, Candidate("tanh", lambda: (gelu.plan_tanh(shape, dtype, profile=profile),)))
-    notes = ["exact=True (precision first) leaves only erf"] if exact else [
-        "tanh and erf differ by at most ~3e-4 absolute (the tanh approximation's error), below one bf16 ulp "
-        "for |GELU(x)| > 0.08; pass exact=True when erf itself is required"]
-    return cands, None, notes
-
-
-def _mean(profile, shape=(8, 4096), dim=-1, dtype="bf16"):
-    from . import mean
-
-    return [Candidate("sum_div", lambda: (mean.plan_sum_div(shape, dtype, dim=dim, profile=profile),))], None, ()
-
-
-def _rope(profile, tokens=128, heads=16, head_dim=128, rot_dim=None, dtype="bf16", adjacent_rmsnorm=True,
-          layout="split_half"):
-    from . import rope
-
-    x = (tokens, heads, head_dim)
-    cs = (tokens, rot_dim or head_dim)
-    if layout == "interleaved":
-        return [Candidate("interleaved", lambda: (rope.plan_interleaved(x, cs, dtype, profile=profile),))], "interleaved", ()
-    if not adjacent_rmsnorm:
-        return [Candidate("standard", lambda: (rope.plan_standard(x, cs, dtype, profile=profile),))], "standard", ()
-    cands = [
-        Candidate("rmsnorm+standard", lambda: (rope.plan_rmsnorm(x, dtype, profile=profile),
-                                               rope.plan_standard(x, cs, dtype, profile=profile)), fused=False),
-        Candidate("fused_rmsnorm", lambda: (rope.plan_fused_rmsnorm(x, cs, dtype, profile=profile),)),
-    ]
-    return cands, "fused_rmsnorm", ("RMSNorm directly precedes RoPE (adjacent_rmsnorm=True): the seed's case for fusion",)
-
-
-def _attention_shapes(batch, q_heads, kv_heads, q_len, kv_len, head_dim):
-    return (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
-
-
-def _attention(profile, batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=4096, head_dim=128, dtype="bf16",
-               causal=False, gqa="head_loop"):
-    from .attention import plan_flash, plan_online, plan_standard
-
-    q, k = _attention_shapes(batch, q_heads, kv_heads, q_len, kv_len, head_dim)
-    kw = dict(profile=profile, causal=causal, gqa=gqa)
-    cands = [
-        Candidate("standard", lambda: (plan_standard(q, k, None, dtype, **kw),), fused=False),
-        Candidate("online", lambda: (plan_online(q, k, None, dtype, **kw),), fused=False),
-        Candidate("flash", lambda: (plan_flash(q, k, None, dtype, **kw),)),
-    ]
-    phase = "decode" if q_len == 1 else "prefill"
-    return cands, ("online" if phase == "decode" else "flash"), (f"{phase} scenario (q_len={q_len}, kv_len={kv_len})",)
-
-
-def _repeat_kv(profile, batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=4096, head_dim=128, dtype="bf16",
-               strategy="online"):
-    from .attention import plan_flash, plan_online
-
-    q, k = _attention_shapes(batch, q_heads, kv_heads, q_len, kv_len, head_dim)
-    plans = {"online": plan_online, "flash": plan_flash}
-    if strategy not in plans:
-        raise PyptoNumbaError(f"advise repeat_kv: strategy must be one of {tuple(plans)}, got {strategy!r}")
-    plan = plans[strategy]
-    cands = [
-        Candidate("expand_clone", lambda: (plan(q, k, None, dtype, profile=profile, gqa="expand_clone"),), fused=False),
-        Candidate("head_loop", lambda: (plan(q, k, None, dtype, profile=profile, gqa="head_loop"),)),
-    ]
-    seed = "expand_clone" if q_len == 1 else "head_loop"
-    return cands, seed, (f"GQA for attention.{strategy}: G = {q_heads // max(kv_heads, 1)} query heads per KV head",)
-
-
-def _moe(profile, tokens=4096, experts=256, top_k=8, n_group=8, topk_group=4, dtype="fp32", router="sigmoid"):
-    from . import moe
-
-    shape = (tokens, experts)
-    sig = Candidate("sigmoid_gating", lambda: (moe.plan_sigmoid_gating(
-        shape, dtype, top_k=top_k, n_group=n_group, topk_group=topk_group, bias_dtype="fp32", profile=profile),))
-    soft = Candidate("softmax_gating", lambda: (moe.plan_softmax_gating(shape, dtype, top_k=top_k, profile=profile),))
-    if router == "softmax":
-        return [soft], "softmax_gating", ("the model's router is softmax (router='softmax')",)
-    note = ("the router is the model's choice (router='sigmoid'); softmax gating is priced for reference: "
-            + _price(soft))
-    return [sig], "sigmoid_gating", (note,)
-
-
-def _price(cand) -> str:
+def price(cand) -> str:
+    """One line pricing a candidate the scenario leaves out (e.g. the router the model does not use)."""
     try:
         cost, seconds, bound = total(cand.plans())
     except (TileError, ConstraintError) as exc:
@@ -219,49 +133,19 @@ def _price(cand) -> str:
     return f"{cand.label} {seconds * 1e6:.1f} us ({bound}-bound), GM {cost.gm_bytes} B"
 
 
-def _linear(profile, tokens=16, in_features=4096, out_features=4096, dtype="bf16", bias=True):
-    from . import linear
+def __getattr__(name):
+    if name == "SCENARIOS":  # op -> its advise rule (OpSpec.advise), for callers of the old table
+        from .strategy import specs
 
-    x, w = (tokens, in_features), (out_features, in_features)
-    cands = [
-        Candidate("matmul_add", lambda: (linear.plan_matmul_add(x, w, dtype, bias=bias, profile=profile),), fused=False),
-        Candidate("fused_bias", lambda: (linear.plan_fused_bias(x, w, dtype, bias=bias, profile=profile),)),
-    ]
-    return cands, None, ()
-
-
-def _embedding(profile, vocab=151936, hidden=2048, ids_shape=(8, 2048), dtype="bf16", ids_dtype="int32"):
-    from . import embedding
-
-    cands = [
-        Candidate("gather", lambda: (embedding.plan_gather((vocab, hidden), ids_shape, dtype, ids_dtype, profile=profile),)),
-        Candidate("index_select", lambda: (embedding.plan_index_select((vocab, hidden), ids_shape, dtype, ids_dtype,
-                                                                       profile=profile),)),
-    ]
-    return cands, None, ()
-
-
-SCENARIOS = {
-    "gelu": _gelu,
-    "mean": _mean,
-    "rope": _rope,
-    "attention": _attention,
-    "repeat_kv": _repeat_kv,
-    "moe": _moe,
-    "linear": _linear,
-    "embedding": _embedding,
-}
+        return {s.name: s.advise for s in specs()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def advise(op: str, profile=None, **scenario) -> Advice:
-    """Advice for ``op`` in ``scenario`` (keywords of the op's scenario; see :data:`SCENARIOS`)."""
-    if op not in SCENARIOS:
-        raise PyptoNumbaError(f"advise: unknown op {op!r}; known: {', '.join(SCENARIOS)}")
+    """Advice for ``op`` in ``scenario`` (the keywords of the op's rule, ``OP.advise`` in its module)."""
+    rule = op_spec(op, "advise")
     try:
-        cands, seed, notes = SCENARIOS[op](profile, **scenario)
+        cands, seed, notes = rule.advise(profile, **scenario)
     except TypeError as exc:
-        import inspect
-
-        params = [p for p in inspect.signature(SCENARIOS[op]).parameters if p != "profile"]
-        raise PyptoNumbaError(f"advise {op}: {exc}; scenario keywords are {', '.join(params)}") from None
+        raise PyptoNumbaError(f"advise {op}: {exc}; scenario keywords are {', '.join(rule.scenario_keywords)}") from None
     return _decide(op, scenario, profile, cands, seed, notes)

@@ -35,9 +35,10 @@ def _profiles(args) -> int:
 
 
 def _compare(args) -> int:
-    from .compare import CASES, compare, make_inputs, parse_shape
+    from . import strategy
+    from .compare import compare, make_inputs, parse_shape
 
-    ops = [args.op] if args.op else list(CASES)
+    ops = [args.op] if args.op else list(strategy.OPS)
     results = []
     for op in ops:
         shape = parse_shape(args.shape) if args.shape else None
@@ -45,8 +46,15 @@ def _compare(args) -> int:
         options = {}
         if args.dim is not None:
             options["dim"] = args.dim
-        result = compare(op, *inputs, strategies=args.strategy, policy=args.policy,
-                             repeats=args.repeats, profile=args.profile, **options)
+        result = compare(
+            op,
+            *inputs,
+            strategies=args.strategy,
+            policy=args.policy,
+            repeats=args.repeats,
+            profile=args.profile,
+            **options,
+        )
         results.append(result)
         if args.format == "table":
             print(result.to_table(), end="\n\n", flush=True)
@@ -96,6 +104,13 @@ def _report(args) -> int:
     return generate(args.out, measure_runs=not args.no_measure, check=args.check, repeats=args.repeats)
 
 
+def _shape_orders() -> str:
+    """Each op's --shape order, from its OP spec."""
+    from .strategy import specs
+
+    return "--shape per op:\n" + "\n".join(f"  {s.name}: {s.inputs.help}" for s in specs())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pypto-numba", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=_profiles)
 
-    p = sub.add_parser("compare", help="run every strategy of an op side by side")
+    p = sub.add_parser("compare", help="run every strategy of an op side by side",
+                       epilog=_shape_orders(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("op", nargs="?", help="op to compare (default: every op's default scenario)")
     p.add_argument("--shape", help="input shape, comma-separated (default: the op's default scenario)")
     p.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"))

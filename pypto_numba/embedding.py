@@ -492,3 +492,56 @@ def gather(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None):
 def index_select(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None):
     """``weight[ids]`` for 1-D or 2-D ``ids`` (higher rank: use :func:`gather`); ``out`` as gather."""
     return _call("index_select", weight, ids, profile, row_tile, h_tile, out)
+
+
+# --- lab spec ---
+# What compare, advise and report need to know about embedding (pypto_numba/lab/spec.py).
+
+def _reference_embedding(weight, ids):
+    """``weight[ids]`` in float64."""
+    from .reference import f64
+
+    return f64(weight)[np.asarray(ids)]
+
+
+def _lab_inputs(shape, dtype, rng):
+    from .lab import need, normal
+
+    V, H, B, S = need(shape, 4, "V,H,B,S")
+    return normal((V, H), dtype, rng), rng.integers(0, V, size=(B, S), dtype=np.int32)
+
+
+def _embedding(
+    profile,
+    vocab=151936,
+    hidden=2048,
+    ids_shape=(8, 2048),
+    dtype="bf16",
+    ids_dtype="int32",
+):
+    from .lab import Candidate
+
+    cands = [
+        Candidate("gather", lambda: (plan_gather((vocab, hidden), ids_shape, dtype, ids_dtype, profile=profile),)),
+        Candidate("index_select",
+                  lambda: (plan_index_select((vocab, hidden), ids_shape, dtype, ids_dtype, profile=profile),)),
+    ]
+    return cands, None, ()
+
+
+def _lab_spec():
+    from .lab import Inputs, OpSpec, Seed
+
+    return OpSpec(
+        name="embedding",
+        seed=Seed("gather", "index_select", "gather takes [B, S] ids without flatten; index_select for 1-D ids"),
+        inputs=Inputs(make=_lab_inputs,
+                      default_shape=(32000, 1024, 4, 512),
+                      help="V,H,B,S, e.g. 32000,1024,4,512"),
+        reference=lambda w, ids, strategy, **o: _reference_embedding(w, ids),
+        advise=_embedding,  # named as advise's old rule: its TypeError names it
+        oracles={"embedding": _reference_embedding},
+    )
+
+
+OP = _lab_spec()

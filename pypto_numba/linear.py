@@ -277,3 +277,51 @@ def fused_bias(x, weight, bias=None, cube_tiles=None, *, profile=None):
     ``linear_cube_tiles``, or ``linear_decode_cube_tiles`` for fewer than 16 rows).
     """
     return _run("fused_bias", x, weight, bias, profile, cube_tiles)
+
+
+# --- lab spec ---
+# What compare, advise and report need to know about linear (pypto_numba/lab/spec.py).
+
+def _reference_linear(x, weight, bias=None):
+    """``x @ weight.T (+ bias)`` in float64."""
+    from .reference import f64
+
+    out = f64(x) @ f64(weight).T
+    return out + f64(bias) if bias is not None else out
+
+
+def _lab_inputs(shape, dtype, rng):
+    from .lab import need, normal
+
+    M, K, N = need(shape, 3, "M,K,N")
+    return (normal((M, K), dtype, rng), normal((N, K), dtype, rng, K**-0.5), normal((N,), dtype, rng))
+
+
+def _linear(profile, tokens=16, in_features=4096, out_features=4096, dtype="bf16", bias=True):
+    from .lab import Candidate
+
+    x, w = (tokens, in_features), (out_features, in_features)
+    cands = [
+        Candidate("matmul_add", lambda: (plan_matmul_add(x, w, dtype, bias=bias, profile=profile),), fused=False),
+        Candidate("fused_bias", lambda: (plan_fused_bias(x, w, dtype, bias=bias, profile=profile),)),
+    ]
+    return cands, None, ()
+
+
+def _lab_spec():
+    from .lab import Inputs, OpSpec, Seed, Tolerance
+
+    return OpSpec(
+        name="linear",
+        seed=Seed("fused_bias", "matmul_add", "fused bias: one kernel and one GM round trip fewer"),
+        inputs=Inputs(make=_lab_inputs,
+                      default_shape=(16, 2048, 2048),
+                      help="M,K,N, e.g. 16,2048,2048"),
+        reference=lambda x, w, b, strategy, **o: _reference_linear(x, w, b),
+        tolerance=Tolerance(policy="outlier", fp32=(1e-4, 1e-5), half=(2.0**-7, 1e-3)),
+        advise=_linear,  # named as advise's old rule: its TypeError names it
+        oracles={"linear": _reference_linear},
+    )
+
+
+OP = _lab_spec()

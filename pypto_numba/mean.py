@@ -407,3 +407,36 @@ def sum_div(x, dim=-1, keepdim=False, *, profile=None, row_tile=None, rows_per_t
                               after_split=True))
         run.workspace(xt.copied_bytes)
     return out
+
+
+# --- lab spec ---
+# What compare, advise and report need to know about mean (pypto_numba/lab/spec.py).
+
+def _reference_mean(x, dim: int = -1, keepdim: bool = False):
+    from .reference import f64
+
+    return f64(x).mean(axis=dim, keepdims=keepdim)
+
+
+def _mean(profile, shape=(8, 4096), dim=-1, dtype="bf16"):
+    from .lab import Candidate
+
+    return [Candidate("sum_div", lambda: (plan_sum_div(shape, dtype, dim=dim, profile=profile),))], None, ()
+
+
+def _lab_spec():
+    from .lab import Inputs, OpSpec, Seed, normal
+
+    return OpSpec(
+        name="mean",
+        seed=Seed("sum_div", None, "sum(dim)/N with the fp32 cast before sum; no alternative"),
+        inputs=Inputs(make=lambda shape, dtype, rng: (normal(shape, dtype, rng, 1.0, 0.5),),
+                      default_shape=(8, 4096),
+                      help="x shape, e.g. 8,4096 (reduced over --dim, default -1)"),
+        reference=lambda x, strategy, dim=-1, keepdim=False, **o: _reference_mean(x, dim, keepdim),
+        advise=_mean,  # named as advise's old rule: its TypeError names it
+        oracles={"mean": _reference_mean},
+    )
+
+
+OP = _lab_spec()

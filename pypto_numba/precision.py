@@ -92,7 +92,14 @@ class Result:
         )
 
 
-def evaluate(actual, reference, dtype: str, policy: str = DEFAULT_POLICY, rtol: float = None, atol: float = None) -> Result:
+def evaluate(
+    actual,
+    reference,
+    dtype: str,
+    policy: str = DEFAULT_POLICY,
+    rtol: float = None,
+    atol: float = None,
+) -> Result:
     """Compare ``actual`` (any float dtype) with the float64 ``reference`` under ``policy``."""
     _check_policy(policy)
     a = np.asarray(actual).astype(np.float64)

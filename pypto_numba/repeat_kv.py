@@ -113,3 +113,68 @@ def expand_clone(kv, n_rep, *, profile=None):
         run.count(run_expand(t.kview, n_rep, out_k))
         run.workspace(t.copied_bytes)
     return out
+
+
+# --- lab spec ---
+# What compare, advise and report need to know about repeat_kv (pypto_numba/lab/spec.py).
+
+def _reference_repeat_kv(kv, n_rep: int):
+    """``[B, Hkv, S, D] -> [B, Hkv*n_rep, S, D]``; output head h is input head h // n_rep."""
+    from .reference import f64
+
+    return np.repeat(f64(kv), n_rep, axis=1)
+
+
+def _lab_inputs(shape, dtype, rng):
+    from .lab import need, normal
+
+    B, Hkv, S, D, n_rep = need(shape, 5, "B,Hkv,S,D,n_rep")
+    return normal((B, Hkv, S, D), dtype, rng), n_rep
+
+
+def _repeat_kv(
+    profile,
+    batch=1,
+    q_heads=32,
+    kv_heads=8,
+    q_len=1,
+    kv_len=4096,
+    head_dim=128,
+    dtype="bf16",
+    strategy="online",
+):
+    """GQA for an attention strategy: the K/V copy (expand_clone) against the head loop."""
+    from .attention import plan_flash, plan_online
+    from .errors import PyptoNumbaError
+    from .lab import Candidate
+
+    q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
+    plans = {"online": plan_online, "flash": plan_flash}
+    if strategy not in plans:
+        raise PyptoNumbaError(f"advise repeat_kv: strategy must be one of {tuple(plans)}, got {strategy!r}")
+    plan = plans[strategy]
+    cands = [
+        Candidate("expand_clone", lambda: (plan(q, k, None, dtype, profile=profile, gqa="expand_clone"),), fused=False),
+        Candidate("head_loop", lambda: (plan(q, k, None, dtype, profile=profile, gqa="head_loop"),)),
+    ]
+    seed = "expand_clone" if q_len == 1 else "head_loop"
+    return cands, seed, (f"GQA for attention.{strategy}: G = {q_heads // max(kv_heads, 1)} query heads per KV head",)
+
+
+def _lab_spec():
+    from .lab import Inputs, OpSpec, Seed
+
+    return OpSpec(
+        name="repeat_kv",
+        seed=Seed("expand_clone", None,
+                  "expand_clone at decode (S=1 makes the copy negligible); head-loop reuse for long prefill"),
+        inputs=Inputs(make=_lab_inputs,
+                      default_shape=(1, 8, 4096, 128, 2),
+                      help="B,Hkv,S,D,n_rep, e.g. 1,8,4096,128,2"),
+        reference=lambda kv, n_rep, strategy, **o: _reference_repeat_kv(kv, n_rep),
+        advise=_repeat_kv,  # named as advise's old rule: its TypeError names it
+        oracles={"repeat_kv": _reference_repeat_kv},
+    )
+
+
+OP = _lab_spec()

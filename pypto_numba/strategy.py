@@ -17,20 +17,38 @@ import time
 from .machine.cost import Cost
 from .machine.plan import Plan
 
-OPS = ("gelu", "mean", "rope", "attention", "repeat_kv", "moe", "linear", "embedding")
+_SPECS: dict = {}  # op name -> its OpSpec (pypto_numba.lab.spec), in the order the ops are imported
 
-# The seed document's recommendation per op (../shared/seed, section 十): preferred strategy,
-# alternative, deciding criterion. Measurements in compare/advise are set against these.
-SEED = {
-    "gelu": ("tanh", "erf", "tanh by default; erf has no verified hardware acceleration and gains nothing in bf16/fp16"),
-    "mean": ("sum_div", None, "sum(dim)/N with the fp32 cast before sum; no alternative"),
-    "rope": ("standard", "fused_rmsnorm", "fuse RMSNorm+RoPE when the two are adjacent: saves GM traffic"),
-    "attention": ("online", "flash", "decode long sequences must be tiled (online); reuse a mature fused kernel (flash) in production; whole-row (standard) FAILs"),
-    "repeat_kv": ("expand_clone", None, "expand_clone at decode (S=1 makes the copy negligible); head-loop reuse for long prefill"),
-    "moe": ("sigmoid_gating", "softmax_gating", "sigmoid gating (GLM, DeepSeek); softmax when the model's router requires it"),
-    "linear": ("fused_bias", "matmul_add", "fused bias: one kernel and one GM round trip fewer"),
-    "embedding": ("gather", "index_select", "gather takes [B, S] ids without flatten; index_select for 1-D ids"),
-}
+# The seed document's recommendation per op, op -> (preferred, alternative, criterion), from each
+# op's OpSpec. Measurements in compare/advise are set against these.
+SEED: dict = {}
+
+
+def register_op(spec):
+    """Add an op's OpSpec (called when the spec is created, at the end of its module)."""
+    _SPECS[spec.name] = spec
+    SEED[spec.name] = tuple(spec.seed)
+
+
+def __getattr__(name):
+    if name == "OPS":  # the op names, in the order pypto_numba/__init__.py imports the ops
+        return tuple(_SPECS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def spec(op: str, who: str = None):
+    """The OpSpec of ``op``; an unknown op raises PyptoNumbaError (prefixed ``who:`` when given)."""
+    if op not in _SPECS:
+        from .errors import PyptoNumbaError
+
+        raise PyptoNumbaError(f"{who}: unknown op {op!r}; known: {', '.join(_SPECS)}" if who else
+                              f"unknown op {op!r}; known ops: {', '.join(_SPECS)}")
+    return _SPECS[op]
+
+
+def specs() -> list:
+    """Every op's OpSpec, in order."""
+    return list(_SPECS.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,17 +91,17 @@ def register(op: str, name: str, *, plan, summary: str = ""):
 
 
 def strategies(op: str = None):
-    """The registry. ``strategies()`` -> {op: [Strategy, ...]}; ``strategies("gelu")`` -> [Strategy, ...].
+    """The registry. ``strategies()`` -> {op: [Strategy, ...]}; ``strategies(op)`` -> [Strategy, ...].
 
     Each Strategy has ``.name``, ``.fn``, ``.plan``, ``.summary`` and ``.recommended`` (the seed's
     choice); ``SEED[op]`` holds the seed's preferred/alternative/criterion.
     """
     if op is None:
-        return {o: list(_REGISTRY[o].values()) for o in OPS if o in _REGISTRY}
+        return {o: list(_REGISTRY[o].values()) for o in _SPECS if o in _REGISTRY}
     if op not in _REGISTRY:
         from .errors import PyptoNumbaError
 
-        raise PyptoNumbaError(f"unknown op {op!r}; known ops: {', '.join(o for o in OPS if o in _REGISTRY)}")
+        raise PyptoNumbaError(f"unknown op {op!r}; known ops: {', '.join(o for o in _SPECS if o in _REGISTRY)}")
     return list(_REGISTRY[op].values())
 
 

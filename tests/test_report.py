@@ -15,7 +15,7 @@ import pytest
 
 import pypto_numba as pn
 from pypto_numba import report
-from pypto_numba.advise import SCENARIOS, advise
+from pypto_numba.advise import advise
 from pypto_numba.errors import PyptoNumbaError
 
 STRATEGIES = Path(__file__).resolve().parents[1] / "strategies"
@@ -72,7 +72,7 @@ def test_bad_scenario_keyword_is_named(tmp_path):
     path.write_text('[[scenario]]\nname = "x"\nop = "linear"\n[scenario.advise]\ntokenz = 16\n')
     with pytest.raises(PyptoNumbaError, match=r"advise linear takes no \['tokenz'\].*in_features"):
         report.load_scenarios(path)
-    params = [p for p in __import__("inspect").signature(SCENARIOS["linear"]).parameters if p != "profile"]
+    params = pn.strategy.spec("linear").scenario_keywords
     assert "tokens" in params
 
 

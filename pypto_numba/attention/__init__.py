@@ -29,3 +29,130 @@ from .online import online, plan_online
 from .standard import plan_standard, standard
 
 __all__ = ["standard", "online", "flash", "plan_standard", "plan_online", "plan_flash"]
+
+
+# --- lab spec ---
+# What compare, advise and report need to know about attention (pypto_numba/lab/spec.py).
+
+def _reference_attention(
+    q,
+    k,
+    v,
+    scale=None,
+    causal=False,
+    kv_len=None,
+    mask=None,
+    return_lse=False,
+):
+    """Softmax attention with GQA, bottom-right causal alignment, kv_len and an additive mask.
+
+    Fully masked query rows return zeros (and lse = -inf).
+    """
+    import numpy as np
+
+    from ..reference import f64
+
+    q, k, v = f64(q), f64(k), f64(v)
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(D) if scale is None else float(scale)
+    k, v = np.repeat(k, Hq // Hkv, axis=1), np.repeat(v, Hq // Hkv, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if mask is not None:
+        s = s + np.broadcast_to(f64(mask), s.shape)
+    lens = np.full(B, Skv) if kv_len is None else np.asarray(kv_len).astype(np.int64)
+    j = np.arange(Skv)
+    allowed = j[None, :] < lens[:, None]  # [B, Skv]
+    allowed = np.broadcast_to(allowed[:, None, None, :], s.shape)
+    if causal:
+        i = np.arange(Sq)
+        limit = i[None, :, None] + (lens[:, None, None] - Sq)  # [B, Sq, 1]
+        allowed = allowed & (j[None, None, :] <= limit)[:, None, :, :]
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)  # NaN when an allowed score is NaN: the row is NaN
+    dead = m == -np.inf  # no allowed key: zeros
+    p = np.exp(s - np.where(dead, 0.0, m))
+    p = np.where(allowed, p, 0.0)
+    l = p.sum(axis=-1, keepdims=True)
+    # keys past kv_len are ignored: whatever V holds there (NaN, inf) must not reach 0 * V
+    v = np.where((j[None, :] < lens[:, None])[:, None, :, None], v, 0.0)
+    out = np.einsum("bhqk,bhkd->bhqd", p / np.where(l > 0, l, 1.0), v)
+    out = np.where((l > 0) | np.isnan(l), out, 0.0)
+    if return_lse:
+        with np.errstate(divide="ignore"):
+            lse = np.where(l[..., 0] > 0,
+                           np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)) + np.where(dead[..., 0], 0.0, m[..., 0]),
+                           -np.inf)
+            lse = np.where(np.isnan(l[..., 0]), np.nan, lse)
+        return out, lse
+    return out
+
+
+def _lab_inputs(shape, dtype, rng):
+    from ..lab import need, normal
+
+    B, Hq, Hkv, Sq, Skv, D = need(shape, 6, "B,Hq,Hkv,Sq,Skv,D")
+    return (normal((B, Hq, Sq, D), dtype, rng), normal((B, Hkv, Skv, D), dtype, rng),
+            normal((B, Hkv, Skv, D), dtype, rng))
+
+
+def _lab_reference(
+    q,
+    k,
+    v,
+    strategy,
+    gqa=None,
+    pv=None,
+    kv_tile=None,
+    q_tile=None,
+    num_splits=None,
+    **o,
+):
+    """The oracle takes the math options only; tiling and GQA options do not change the result."""
+    return _reference_attention(q, k, v, **o)
+
+
+def _attention(
+    profile,
+    batch=1,
+    q_heads=32,
+    kv_heads=8,
+    q_len=1,
+    kv_len=4096,
+    head_dim=128,
+    dtype="bf16",
+    causal=False,
+    gqa="head_loop",
+):
+    from ..lab import Candidate
+
+    q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
+    kw = dict(profile=profile, causal=causal, gqa=gqa)
+    cands = [
+        Candidate("standard", lambda: (plan_standard(q, k, None, dtype, **kw),), fused=False),
+        Candidate("online", lambda: (plan_online(q, k, None, dtype, **kw),), fused=False),
+        Candidate("flash", lambda: (plan_flash(q, k, None, dtype, **kw),)),
+    ]
+    phase = "decode" if q_len == 1 else "prefill"
+    return cands, ("online" if phase == "decode" else "flash"), (f"{phase} scenario (q_len={q_len}, kv_len={kv_len})",)
+
+
+def _lab_spec():
+    from ..lab import Inputs, OpSpec, Seed, Tolerance
+
+    return OpSpec(
+        name="attention",
+        seed=Seed("online", "flash",
+                  "decode long sequences must be tiled (online); reuse a mature fused kernel (flash) in production; "
+                  "whole-row (standard) FAILs"),
+        inputs=Inputs(make=_lab_inputs,
+                      default_shape=(1, 16, 8, 1, 4096, 128),
+                      help="B,Hq,Hkv,Sq,Skv,D, e.g. 1,16,8,1,4096,128 (Qwen3 decode)"),
+        reference=_lab_reference,
+        tolerance=Tolerance(half=(5e-3, 5e-3)),  # npu-facts 2.1
+        advise=_attention,  # named as advise's old rule: its TypeError names it
+        oracles={"attention": _reference_attention},
+    )
+
+
+OP = _lab_spec()

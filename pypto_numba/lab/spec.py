@@ -1,0 +1,140 @@
+"""``OpSpec``: everything the lab (compare, advise, report, the CLI) needs to know about one op.
+
+Each op module ends with ``OP = OpSpec(...)``. Creating the spec registers it (see
+:func:`pypto_numba.strategy.register_op`), in the order the op modules are imported by
+``pypto_numba/__init__.py``: that import line is the list of ops. The lab layer reads only specs;
+it holds no per-op table or branch.
+
+A spec declares:
+
+- ``seed``: the seed document's recommendation (preferred, alternative, deciding criterion); the
+  strategies themselves are the module's ``@register``-ed functions (``OpSpec.strategies``);
+- ``reference``: the float64 oracle compare scores registry rows against, and ``oracles``, the
+  public oracles that :mod:`pypto_numba.reference` re-exports by name;
+- ``inputs``: how compare makes inputs from a shape; ``variants``: compare's rows when they are
+  not simply the registered strategies; ``outputs``: which arrays of a result are scored;
+- ``tolerance``: the precision policy and (rtol, atol) per dtype;
+- ``advise``: the scenario rule, ``(profile, **keywords) -> (candidates, seed choice, notes)``;
+  its keyword defaults are the scenario's defaults and the keywords scenarios.toml may use.
+
+Sweeps are data, not code: a scenario's sweep axis, keys and values are its rows in
+``strategies/scenarios.toml``, and any advise keyword can be swept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from .. import precision
+from ..errors import ShapeError
+from ..machine import dtypes
+
+
+class Seed(NamedTuple):
+    """The seed document's recommendation for an op (../shared/seed, section 十)."""
+
+    preferred: str
+    alternative: str  # None when the seed names no alternative
+    criterion: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """How compare builds deterministic inputs for an op from a shape."""
+
+    make: Callable  # (shape tuple, dtype name, numpy Generator) -> tuple of inputs
+    default_shape: tuple
+    help: str  # the --shape order, e.g. "M,K,N, e.g. 16,2048,2048"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """The precision policy compare applies and its (rtol, atol); ``None`` keeps the policy's default."""
+
+    policy: str = precision.DEFAULT_POLICY
+    fp32: tuple = (None, None)
+    half: tuple = (None, None)  # bf16 and fp16 (and any other dtype name)
+
+    def __call__(self, dtype: str) -> tuple:
+        return self.fp32 if dtype == "fp32" else self.half
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One row of a comparison: how to call it and its float64 reference."""
+
+    label: str
+    call: Callable  # (*inputs, **options) -> result
+    reference: Callable  # (*inputs, **options) -> float64 array, or a tuple matching ``outputs``
+    recommended: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One strategy (or composition) that advise prices from its plans."""
+
+    label: str
+    plans: Callable  # () -> tuple of Plans (several for a composition)
+    fused: bool = True
+
+
+def _single(result) -> tuple:
+    return (result,)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One op as the lab sees it; see the module docstring for what each field means."""
+
+    name: str
+    seed: Seed
+    inputs: Inputs
+    advise: Callable  # (profile, **scenario) -> ([Candidate], seed choice or None, notes)
+    reference: Callable = None  # (*inputs, strategy=name, **options) -> reference, for registry rows
+    variants: Callable = None  # () -> [Variant]; None: one row per registered strategy
+    outputs: Callable = _single  # result -> tuple of arrays to score
+    tolerance: Tolerance = Tolerance()
+    oracles: dict = dataclasses.field(default_factory=dict)  # public name -> float64 oracle
+
+    def __post_init__(self):
+        from ..strategy import register_op
+
+        register_op(self)
+
+    @property
+    def strategies(self) -> list:
+        """The op's registered strategies (each public function's ``@register`` in the op's module)."""
+        from ..strategy import strategies
+
+        return strategies(self.name)
+
+    @property
+    def scenario_keywords(self) -> list:
+        """The keywords ``advise(op, ...)`` takes, in order."""
+        return [p for p in inspect.signature(self.advise).parameters if p != "profile"]
+
+    def rows(self) -> list:
+        """compare's rows: the declared variants, else one per registered strategy."""
+        if self.variants is not None:
+            return self.variants()
+        return [Variant(e.name, e.fn, functools.partial(self.reference, strategy=e.name), e.recommended)
+                for e in self.strategies]
+
+
+# --- input helpers shared by the ops' ``Inputs.make`` ------------------------------------------
+
+def normal(shape, dtype, rng, scale=1.0, loc=0.0) -> np.ndarray:
+    """Gaussian values rounded to float32, then to the storage dtype."""
+    return (rng.standard_normal(shape) * scale + loc).astype(np.float32).astype(dtypes.STORAGE[dtype])
+
+
+def need(shape, n, help_text) -> tuple:
+    """``shape`` when it has ``n`` numbers, else compare's ShapeError naming the order."""
+    if len(shape) != n:
+        raise ShapeError(f"compare: --shape must have {n} numbers ({help_text}), got {shape}")
+    return shape
