@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import shutil
 
 import pytest
 
@@ -165,3 +166,25 @@ def test_no_legal_tile_names_the_rule_and_the_way_out():
         tune.l0_tile(16, 16, 16, dbc=2)
     with pytest.raises(ShapeError, match=r"tune.isa_mad_cycles: k must be a positive integer"):
         tune.isa_mad_cycles(16, 0, 16)
+
+
+def test_malformed_cube_model_section(tmp_path, monkeypatch):
+    from pypto_numba.machine import profile as P
+
+    shutil.copy(P._tiles_dir() / "ascend910b.toml", tmp_path / "ascend910b.toml")
+    (tmp_path / "nobw.toml").write_text(
+        (tmp_path / "ascend910b.toml").read_text().replace("bw_a = 129.7", "# no bw_a")
+    )
+    (tmp_path / "zero.toml").write_text("base = 'ascend910b'\n[cube_model]\nmad_head = 0\n")
+    (tmp_path / "text.toml").write_text("base = 'ascend910b'\n[cube_model]\nl0c_align_m = 'x'\n")
+    monkeypatch.setattr(P, "_tiles_dir", lambda: tmp_path)
+    P._load.cache_clear()
+    try:
+        with pytest.raises(ProfileError, match=r"lacks \[cube_model\] bw_a"):
+            load_profile("nobw")
+        with pytest.raises(ProfileError, match=r"\[cube_model\] mad_head = 0 must be > 0"):
+            load_profile("zero")
+        with pytest.raises(ProfileError, match=r"\[cube_model\] l0c_align_m = 'x' is not a int"):
+            load_profile("text")
+    finally:
+        P._load.cache_clear()
