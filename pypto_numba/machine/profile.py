@@ -43,6 +43,25 @@ def _tiles_dir() -> Path:
 
 
 @dataclasses.dataclass(frozen=True)
+class CubeModel:
+    """Constants of the device-fitted L0 tile model (``[cube_model]``; npu-facts 8.2, used by
+    ``pypto_numba.tune``). Rates in bytes per cube-core cycle, costs in cycles."""
+
+    bw_a: float             # L1 -> L0A
+    bw_b: float             # L1 -> L0B
+    mad_head: float         # issue overhead per K-fractal of a TMATMUL
+    mad_fp32_passes: int    # passes per K-fractal of an fp32-operand MMAD
+    k_fractal_bytes: int    # K-fractal width (kt = k_fractal_bytes / operand bytes); L0C N0 likewise
+    drain_fixed: float      # FIXPIPE cost per output tile
+    drain_row: float        # FIXPIPE floor per M-row
+    bw_drain: float         # FIXPIPE bytes per cycle per M-row
+    drain_penalty: float    # per M-row and extra pass of a non-power-of-two N-fractal count
+    l0c_align_m: int        # L0C M alignment (rows) of an fp32 accumulator
+    isa_mad_head: float     # PTO-ISA's simpler MAD formula (npu-facts 8.6): fixed cycles per TMATMUL
+    isa_fp32_passes: int    # PTO-ISA's passes for fp32 operands (1 otherwise)
+
+
+@dataclasses.dataclass(frozen=True)
 class HardwareProfile:
     """One NPU's numbers. Sizes in bytes, rates per second."""
 
@@ -76,6 +95,8 @@ class HardwareProfile:
     launch_s: float
     # default tile shapes per op
     tiles: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    # the cube's L0 tile cost model ([cube_model])
+    cube_model: CubeModel = None
 
     def tile(self, key: str):
         """The default tile for ``key`` (e.g. ``"gelu_tile"``); KeyError names the profile."""
@@ -179,7 +200,24 @@ def _build(name: str, data: dict) -> HardwareProfile:
     for key, value in data.get("tiles", {}).items():
         tiles[key] = _freeze(value)
     kwargs["tiles"] = tiles
+    kwargs["cube_model"] = _cube_model(name, data.get("cube_model", {}))
     return HardwareProfile(**kwargs)
+
+
+def _cube_model(name: str, section: dict) -> CubeModel:
+    values = {}
+    for field in dataclasses.fields(CubeModel):
+        kind = int if field.type == "int" else float
+        try:
+            raw = section[field.name]
+        except KeyError:
+            raise ProfileError(f"profile {name!r} lacks [cube_model] {field.name}") from None
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or (kind is int and raw != int(raw)):
+            raise ProfileError(f"profile {name!r}: [cube_model] {field.name} = {raw!r} is not a {kind.__name__}")
+        if raw <= 0:
+            raise ProfileError(f"profile {name!r}: [cube_model] {field.name} = {raw!r} must be > 0")
+        values[field.name] = kind(raw)
+    return CubeModel(**values)
 
 
 def _freeze(value):

@@ -1,0 +1,190 @@
+"""tune.l0_tile: the device-fitted L0 tile model of npu-facts 8.2 (PyPTO's ChooseL0Tile)."""
+
+import itertools
+import math
+import shutil
+
+import pytest
+
+from pypto_numba import tune
+from pypto_numba.errors import ConstraintError, DTypeError, ShapeError
+from pypto_numba.machine import plan
+from pypto_numba.machine.profile import ProfileError, load_profile
+
+# npu-facts 8.2, pinned by pypto:tests/ut/ir/transforms/test_l0_tile_chooser.py
+# (TestL0TilingRooflineMigration): (M, N, K, operand dtype) -> (m, n, k), output-stationary, dbC = 1
+PINNED = [
+    ((256, 256, 64, "bf16"), (128, 256, 64)),
+    ((272, 272, 64, "bf16"), (144, 128, 64)),
+    ((320, 320, 64, "bf16"), (160, 128, 64)),
+    ((256, 256, 256, "fp32"), (128, 256, 32)),
+]
+
+SHAPES = [(256, 256, 64), (272, 272, 64), (320, 320, 64), (256, 256, 256), (100, 300, 17),
+          (16, 16, 16), (1, 4096, 4096), (4096, 1, 128), (1000, 1000, 1000), (512, 384, 96),
+          (6144, 6144, 6144)]
+
+
+@pytest.mark.parametrize("args, tile", PINNED)
+def test_pinned_tiles(args, tile):
+    got = tune.l0_tile(*args)
+    assert (got.m, got.n, got.k) == tile
+    assert (got.stationarity, got.dbc) == ("output", 1)
+
+
+def test_pinned_tiles_under_any_of_the_a2a3_profiles():
+    for name in ("ascend910b", "ascend910c"):
+        for args, tile in PINNED:
+            assert tune.l0_tile(*args, profile=name).shape == tile
+
+
+def test_hand_computed_cycles():
+    # (256, 256, 64) bf16 -> (128, 256, 64): P = 2, Q = 1, T = 2 output tiles, kb = 1 (k == K)
+    t = tune.l0_tile(256, 256, 64, "bf16")
+    a_panel = 128 * 64 * 2 / 129.7   # 126.32 cycles per [m, K] A panel, L1 -> L0A
+    b_panel = 64 * 256 * 2 / 85.4    # 383.70 cycles per [K, n] B panel, L1 -> L0B
+    rows_outer = 2 * a_panel + 2 * b_panel  # A held: P A panels, T B panels = 1020.04
+    cols_outer = 2 * a_panel + 1 * b_panel  # B held: T A panels, Q B panels = 636.34
+    assert t.outer == "B" and t.load == pytest.approx(cols_outer) and cols_outer < rows_outer
+    # kt = 32 / 2 = 16: 4 K-fractals per tile, each 21 + 1 pass * (128/16) * (256/16) = 149
+    assert t.mad == 2 * 1 * 4 * (21 + 8 * 16) == 1192
+    # N0 = 8, ceil(256/8) = 32 fractals, odd(32) = 1 (no penalty); per row max(4.45, 4*256/118)
+    row = 4 * 256 / 118              # 8.678 cycles per M-row
+    assert t.drain == pytest.approx(2 * (164 + 128 * row))  # 2549.56
+    assert t.wall == pytest.approx(1192 + 2 * (164 + 128 * row))  # 3741.56, max(load, mad) + drain
+    assert t.bound == "drain" and t.grid == (2, 1) and t.k_blocks == 1
+    assert t.wall_s == pytest.approx(t.wall / 1.85e9)
+    # PTO-ISA (npu-facts 8.6): 2 TMATMULs of 6 + ceil(128/16)*ceil(64/16)*ceil(256/16) = 518
+    assert t.isa_mad == 2 * (6 + 8 * 4 * 16) == 1036
+    assert tune.isa_mad_cycles(128, 64, 256, "bf16") == 518
+    assert (t.l0a_bytes, t.l0b_bytes, t.l0c_bytes) == (128 * 64 * 2 * 2, 64 * 256 * 2 * 2, 128 * 256 * 4)
+
+
+def test_hand_computed_double_buffered_c():
+    # dbC = 2 on (256, 256, 64) bf16: wall = max(load, mad, drain) + min(compute, drain) / T
+    t = tune.l0_tile(256, 256, 64, "bf16", dbc=2)
+    assert (t.m, t.n, t.k, t.dbc) == (128, 128, 64, 2)  # 2 x 2 grid, L0C 2 x 64 KiB
+    a_panel, b_panel = 128 * 64 * 2 / 129.7, 64 * 128 * 2 / 85.4
+    load = min(2 * a_panel + 4 * b_panel, 4 * a_panel + 2 * b_panel)
+    mad = 4 * 4 * (21 + 8 * 8)                       # 1360
+    drain = 4 * (164 + 128 * 4.45)                   # 4 * max(4.45, 4*128/118 = 4.34) per row
+    assert (t.load, t.mad, t.drain) == (pytest.approx(load), mad, pytest.approx(drain))
+    assert t.wall == pytest.approx(max(load, mad, drain) + min(max(load, mad), drain) / 4)
+
+
+def test_isa_mad_cycles_fp32_uses_two_passes_and_eight_wide_k():
+    assert tune.isa_mad_cycles(16, 8, 16, "fp32") == 6 + 2 * 1 * 1 * 1
+    assert tune.isa_mad_cycles(16, 16, 16, "fp16") == 6 + 1
+    assert tune.isa_mad_cycles(17, 16, 16, "bf16") == 6 + 2  # partial fractals round up
+
+
+def _check_legal(t, profile):
+    """The capacity rules of npu-facts 8.2, written out independently of tune."""
+    p = load_profile(profile)
+    nbytes = 4 if t.dtype == "fp32" else 2
+    db_a, db_b = {"output": (2, 2), "A": (1, 2), "B": (2, 1)}[t.stationarity]
+    assert t.m % 16 == 0 and t.n % 16 == 0 and t.k % 16 == 0 and min(t.m, t.n, t.k) >= 16
+    assert t.m <= -(-t.M // 16) * 16 and t.n <= -(-t.N // 16) * 16 and t.k <= -(-t.K // 16) * 16
+    assert -(-t.m // 16) * 16 * t.n * 4 * t.dbc <= p.l0c_bytes
+    assert t.m * t.k * nbytes * db_a <= p.l0a_bytes
+    assert t.k * t.n * nbytes * db_b <= p.l0b_bytes
+    if t.stationarity != "output" or t.dbc == 2:
+        assert t.k == -(-t.K // 16) * 16  # these hold the whole K
+    if t.dbc == 2:
+        assert min(t.grid) >= 2
+    # and the cube plan of the lab accepts one buffer of each
+    plan.cube_tiles(((t.m, t.m), (t.k, t.k), (t.n, t.n)), t.dtype, t.dtype, p, "test_tune")
+    assert t.wall > 0 and math.isfinite(t.wall)
+
+
+@pytest.mark.parametrize("profile", ["ascend910b", "ascend950"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_every_tile_is_legal_and_any_is_never_worse(profile, dtype):
+    for M, N, K in SHAPES:
+        default = tune.l0_tile(M, N, K, dtype, profile=profile)
+        _check_legal(default, profile)
+        best = tune.l0_tile(M, N, K, dtype, profile=profile, stationarity="any", dbc="any")
+        _check_legal(best, profile)
+        assert best.wall <= default.wall
+        for stationarity, dbc in itertools.product(("output", "A", "B", "any"), (1, 2, "any")):
+            try:
+                t = tune.l0_tile(M, N, K, dtype, profile=profile, stationarity=stationarity, dbc=dbc)
+            except ConstraintError:
+                assert (stationarity, dbc) != ("output", 1)
+                continue
+            _check_legal(t, profile)
+            assert best.wall <= t.wall
+            if stationarity != "any":
+                assert t.stationarity == stationarity
+            if dbc != "any":
+                assert t.dbc == dbc
+
+
+def test_950_uses_its_own_constants():
+    a2, a5 = load_profile("ascend910b").cube_model, load_profile("ascend950").cube_model
+    assert (a2.bw_a, a2.bw_b, a2.mad_head, a2.mad_fp32_passes, a2.drain_fixed, a2.drain_row,
+            a2.bw_drain, a2.drain_penalty, a2.l0c_align_m) == (129.7, 85.4, 21, 2, 164, 4.45, 118, 2.6, 16)
+    assert (a5.bw_a, a5.bw_b, a5.mad_head, a5.mad_fp32_passes, a5.drain_fixed, a5.drain_row,
+            a5.bw_drain) == (206.3, 223.8, 25, 8, 343.4, 4.59, 30)
+    t = tune.l0_tile(256, 256, 256, "fp32", profile="ascend950")
+    assert t.profile == "ascend950" and t.l0c_bytes <= 262144
+    assert t.mad > tune.l0_tile(256, 256, 256, "fp32").mad  # 8 fp32 passes against 2
+
+
+def test_padding_to_the_fractal():
+    # K = 17 pads to 32: two bf16 K-fractals, the tile keeps the padded K
+    t = tune.l0_tile(100, 300, 17, "bf16")
+    assert t.k == 32 and t.m <= 112 and t.n <= 304
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(M=0), ShapeError, r"tune.l0_tile: M must be a positive integer, got 0"),
+    (dict(N=-16), ShapeError, r"N must be a positive integer, got -16"),
+    (dict(K=16.0), ShapeError, r"K must be a positive integer, got 16.0"),
+    (dict(M=True), ShapeError, r"M must be a positive integer"),
+    (dict(dtype="int8"), DTypeError, r"tune.l0_tile: dtype must be one of fp32, bf16, fp16.*'int8'"),
+    (dict(stationarity="C"), ConstraintError, r"stationarity must be one of 'output', 'A', 'B', 'any', got 'C'"),
+    (dict(stationarity=None), ConstraintError, r"stationarity must be one of"),
+    (dict(dbc=3), ConstraintError, r"dbc must be one of 1, 2, 'any', got 3"),
+    (dict(dbc=True), ConstraintError, r"dbc must be one of"),
+    (dict(dbc="2"), ConstraintError, r"dbc must be one of"),
+    (dict(profile="a9"), ProfileError, r"unknown hardware profile 'a9'"),
+])
+def test_bad_inputs(kwargs, error, match):
+    args = dict(M=256, N=256, K=64) | kwargs
+    with pytest.raises(error, match=match):
+        tune.l0_tile(**args)
+
+
+def test_no_legal_tile_names_the_rule_and_the_way_out():
+    # A-stationary holds all of K = 8192 bf16 in L0A: 16 x 8192 x 2 = 256 KiB > 64 KiB
+    rule = r"no legal L0 tile.*A/B-stationary holds the whole K.*stationarity='output'"
+    with pytest.raises(ConstraintError, match=rule):
+        tune.l0_tile(256, 256, 8192, stationarity="A")
+    # dbc=2 needs a 2 x 2 grid; a 16 x 16 output has one tile
+    with pytest.raises(ConstraintError, match=r"dbc=2 needs the whole K and a grid of at least 2 x 2"):
+        tune.l0_tile(16, 16, 16, dbc=2)
+    with pytest.raises(ShapeError, match=r"tune.isa_mad_cycles: k must be a positive integer"):
+        tune.isa_mad_cycles(16, 0, 16)
+
+
+def test_malformed_cube_model_section(tmp_path, monkeypatch):
+    from pypto_numba.machine import profile as P
+
+    shutil.copy(P._tiles_dir() / "ascend910b.toml", tmp_path / "ascend910b.toml")
+    (tmp_path / "nobw.toml").write_text(
+        (tmp_path / "ascend910b.toml").read_text().replace("bw_a = 129.7", "# no bw_a")
+    )
+    (tmp_path / "zero.toml").write_text("base = 'ascend910b'\n[cube_model]\nmad_head = 0\n")
+    (tmp_path / "text.toml").write_text("base = 'ascend910b'\n[cube_model]\nl0c_align_m = 'x'\n")
+    monkeypatch.setattr(P, "_tiles_dir", lambda: tmp_path)
+    P._load.cache_clear()
+    try:
+        with pytest.raises(ProfileError, match=r"lacks \[cube_model\] bw_a"):
+            load_profile("nobw")
+        with pytest.raises(ProfileError, match=r"\[cube_model\] mad_head = 0 must be > 0"):
+            load_profile("zero")
+        with pytest.raises(ProfileError, match=r"\[cube_model\] l0c_align_m = 'x' is not a int"):
+            load_profile("text")
+    finally:
+        P._load.cache_clear()
