@@ -58,6 +58,7 @@ from numba import prange
 from . import inputs
 from .errors import DTypeError, ShapeError
 from .machine import dtypes
+from .machine.ir.lines import first_line
 from .machine.jit import device, kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
@@ -100,16 +101,6 @@ def _row_elem(w_flat, ids, e, uH):
     """Element ``e`` of the gathered output (flat, uint64): ``weight[ids[e // H], e % H]``."""
     r = e // uH
     return w_flat[np.uint64(ids[r]) * uH + (e - r * uH)]
-
-
-@device
-def _first_line(out_flat, e, stop):
-    """The first element of ``out_flat[e:stop]`` that starts a 64-byte line (``stop`` when none
-    does); uint64, ``out_flat`` a whole number of elements off a line."""
-    size = np.uint64(out_flat.itemsize)
-    L = np.uint64(LINE) // size
-    mis = (np.uint64(out_flat.ctypes.data) + e * size) % np.uint64(LINE) // size
-    return min(e + (L - mis) % L, stop)
 
 
 @device
@@ -171,7 +162,7 @@ def _gather_stream(w_flat, ids, out_flat, r0, r1, uH, line):
     L = np.uint64(LINE) // size  # elements per line
     e0 = np.uint64(r0) * uH
     e1 = np.uint64(r1) * uH
-    a = _first_line(out_flat, e0, e1)
+    a = first_line(out_flat, e0, e1)
     b = a + (e1 - a) // L * L  # end of the last whole line
     for e in range(e0, a):
         out_flat[e] = _row_elem(w_flat, ids, e, uH)
@@ -195,7 +186,7 @@ def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
     uvh = np.uint64(vh)
     for r in range(r0, r1):  # the partial lines (a run shorter than a line is all partial)
         e0 = np.uint64(r) * uH + uhb
-        a = _first_line(out_flat, e0, e0 + uvh)
+        a = first_line(out_flat, e0, e0 + uvh)
         b = a + (e0 + uvh - a) // L * L
         src = np.uint64(ids[r]) * uH + uhb
         for c in range(a - e0):
@@ -206,7 +197,7 @@ def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
             stream_lines(out_flat, a, w_flat, src + (a - e0), (b - a) * size)
     if uH % L == 0:
         e0 = np.uint64(r0) * uH + uhb
-        a = _first_line(out_flat, e0, e0 + uvh)
+        a = first_line(out_flat, e0, e0 + uvh)
         nbytes = (e0 + uvh - a) // L * L * size
         off = uhb + (a - e0)
         if nbytes:

@@ -27,14 +27,13 @@ from __future__ import annotations
 import math as _math
 
 import numpy as np
-from llvmlite import ir
 from numba import prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import inputs
 from .errors import ConstraintError, DTypeError
 from .machine import dtypes, vmath
+from .machine import ir as irb
 from .machine.jit import device, kernel
 from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
@@ -77,7 +76,7 @@ def _gelu_ir(builder, v, use_erf):
     GELU(-inf) = 0 (the formula gives -inf * 0 = nan). This is the order LLVM gave the first
     (numba loop) version of the kernel, ``0.5*v*(1 + tanh(c*(v + 0.044715*v**3)))``
     reassociated: the results are bit-identical to it."""
-    o = vmath._FOps(builder, v.type)
+    o = irb.FOps(builder, v.type)
     if use_erf:
         t = vmath.erf_ir(builder, o.mul(v, INV_SQRT2))
     else:
@@ -110,41 +109,17 @@ def _gelu_span(use_erf):
             d_arr = context.make_array(sig.args[2])(context, builder, args[2])
             xo, do, cnt, stream_ = args[1], args[3], args[4], args[5]
             kind = sig.args[0].dtype
-            raw = context.get_data_type(kind)
-            size = context.get_abi_sizeof(raw)
-            i64 = ir.IntType(64)
-            c = lambda v: ir.Constant(i64, v)  # noqa: E731
 
-            nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+            def step(start, count, lanes, nt):
+                def body(j):
+                    v = irb.load_widen(builder, x_arr.data, builder.add(xo, j), kind, lanes)
+                    irb.store_narrow(builder, _gelu_ir(builder, v, use_erf), d_arr.data, builder.add(do, j), kind,
+                                     lanes, align=LINE if nt else 1, nontemporal=nt)
 
-            def steps(start, count, lanes, nt=False):
-                rty = raw if lanes == 1 else ir.VectorType(raw, lanes)
-                with cgutils.for_range(builder, count) as loop:
-                    j = builder.add(start, builder.mul(loop.index, c(lanes)))
-                    xp = builder.bitcast(builder.gep(x_arr.data, [builder.add(xo, j)]), rty.as_pointer())
-                    v = dtypes.widen_ir(builder, builder.load(xp, align=1), kind, lanes)
-                    y = dtypes.narrow_ir(builder, _gelu_ir(builder, v, use_erf), kind, lanes)
-                    dp = builder.bitcast(builder.gep(d_arr.data, [builder.add(do, j)]), rty.as_pointer())
-                    if nt:
-                        builder.store(y, dp, align=LINE).set_metadata("nontemporal", nontemporal)
-                    else:
-                        builder.store(y, dp, align=1)
+                irb.steps(builder, start, count, lanes, body)
 
-            # elements before dst's first line boundary (at most the whole span): the lines
-            # after it are stored whole, never split across two lines
-            addr = builder.ptrtoint(builder.gep(d_arr.data, [do]), i64)
-            pre = builder.udiv(builder.urem(builder.sub(c(LINE), builder.urem(addr, c(LINE))), c(LINE)), c(size))
-            pre = builder.select(builder.icmp_unsigned("<", pre, cnt), pre, cnt)
-            lanes = LINE // size
-            lines = builder.udiv(builder.sub(cnt, pre), c(lanes))
-            body = builder.mul(lines, c(lanes))
-            steps(c(0), pre, 1)
-            with builder.if_else(builder.trunc(stream_, ir.IntType(1))) as (streamed, plain):
-                with streamed:
-                    steps(pre, lines, lanes, True)
-                with plain:
-                    steps(pre, lines, lanes)
-            steps(builder.add(pre, body), builder.sub(builder.sub(cnt, pre), body), 1)
+            size = context.get_abi_sizeof(context.get_data_type(kind))
+            irb.line_span(builder, builder.gep(d_arr.data, [do]), cnt, size, step, stream_)
             return context.get_dummy_value()
 
         return types.void(x, types.uint64, dst, types.uint64, types.uint64, types.boolean), codegen

@@ -31,35 +31,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import dtypes
+from . import ir as irb
+from .ir.lines import LINE
 from .jit import device
 
 VEC_BYTES = 32  # one AVX vector: the unit of stream_copy
-LINE = 64  # bytes: one cache line, the unit of stream_lines
-
-
-def _stream_store(builder, value, ptr, align):
-    """IR: a streaming (non-temporal) store of ``value`` to ``ptr`` (``align``-byte aligned)."""
-    store = builder.store(value, ptr, align=align)
-    store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-
-
-def _splat(builder, value, vty):
-    """IR: a vector of type ``vty`` with ``value`` in every lane."""
-    lane0 = builder.insert_element(ir.Constant(vty, None), value, ir.Constant(ir.IntType(32), 0))
-    zeros = ir.Constant(ir.VectorType(ir.IntType(32), vty.count), [0] * vty.count)
-    return builder.shuffle_vector(lane0, ir.Constant(vty, None), zeros)
-
-
-def _stream_loop(builder, dst_ptr, src_ptr, nbytes, width, src_align):
-    """IR: copy ``nbytes // width`` vectors of ``width`` bytes from ``src_ptr`` to ``dst_ptr``
-    with streaming (non-temporal) stores; ``dst_ptr`` must be ``width``-aligned."""
-    vec = ir.VectorType(ir.IntType(32), width // 4)
-    dp = builder.bitcast(dst_ptr, vec.as_pointer())
-    sp = builder.bitcast(src_ptr, vec.as_pointer())
-    count = builder.udiv(nbytes, ir.Constant(nbytes.type, width))
-    with cgutils.for_range(builder, count) as loop:
-        v = builder.load(builder.gep(sp, [loop.index]), align=src_align)
-        _stream_store(builder, v, builder.gep(dp, [loop.index]), width)
 
 
 @intrinsic
@@ -80,7 +56,7 @@ def streamcopy(typingctx, dst, src, nbytes):
     def codegen(context, builder, sig, args):
         d = context.make_array(sig.args[0])(context, builder, args[0])
         s = context.make_array(sig.args[1])(context, builder, args[1])
-        _stream_loop(builder, d.data, s.data, args[2], VEC_BYTES, 4)
+        irb.copy_lines(builder, d.data, s.data, args[2], VEC_BYTES, 4)
         return context.get_dummy_value()
 
     return types.void(dst, src, types.intp), codegen
@@ -101,7 +77,7 @@ def stream_lines(typingctx, dst, d_off, src, s_off, nbytes):
     def codegen(context, builder, sig, args):
         d = context.make_array(sig.args[0])(context, builder, args[0])
         s = context.make_array(sig.args[2])(context, builder, args[2])
-        _stream_loop(builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], LINE, 1)
+        irb.copy_lines(builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], LINE, 1)
         return context.get_dummy_value()
 
     return types.void(dst, types.uint64, src, types.uint64, types.uint64), codegen
@@ -177,28 +153,23 @@ def stream_gather_rows(typingctx, dst, src, ids, r0, row, off, nbytes, joins):
         with cgutils.for_range(builder, builder.udiv(nbytes, ir.Constant(i64, LINE))) as loop:
             lines = [builder.load(builder.gep(sp, [loop.index]), align=1) for sp in sps]
             for dp, v in zip(dps, lines):
-                _stream_store(builder, v, builder.gep(dp, [loop.index]), LINE)
+                irb.stream_store(builder, v, builder.gep(dp, [loop.index]), LINE)
         # the joins: lanes [0, tail) end src row ids[r0 + k], lanes [tail, L) start ids[r0 + k + 1]
         tail = builder.sub(ir.Constant(i64, L), off)
-        head = builder.icmp_unsigned("<", ir.Constant(evec, list(range(L))), _splat(builder, builder.trunc(tail, el), evec))
+        head = builder.icmp_unsigned("<", ir.Constant(evec, list(range(L))), irb.splat(builder, builder.trunc(tail, el), evec))
         mvec = ir.VectorType(ir.IntType(1), L)
-        masked_load = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(evec, [evec.as_pointer(), ir.IntType(32), mvec, evec]),
-            f"llvm.masked.load.v{L}i{el.width}.p0")
-        align = ir.Constant(ir.IntType(32), el.width // 8)
+        align = el.width // 8
         joined = []
         for k in range(GATHER_ROWS):
-            on = _splat(builder, live[k], mvec)
+            on = irb.splat(builder, live[k], mvec)
             a_ptr = builder.gep(s.data, [builder.sub(builder.mul(builder.add(rids[k], one), row), tail)])
             b_ptr = builder.gep(s.data, [builder.sub(builder.mul(nxt[k], row), tail)])  # lane tail = row start
-            v = builder.call(masked_load, [builder.bitcast(a_ptr, evec.as_pointer()), align, builder.and_(head, on),
-                                           ir.Constant(evec, None)])
-            joined.append(builder.call(masked_load, [builder.bitcast(b_ptr, evec.as_pointer()), align,
-                                                     builder.and_(builder.not_(head), on), v]))
+            v = irb.masked_load(builder, a_ptr, builder.and_(head, on), ir.Constant(evec, None), align)
+            joined.append(irb.masked_load(builder, b_ptr, builder.and_(builder.not_(head), on), v, align))
         for k in range(GATHER_ROWS):
             with builder.if_then(live[k]):
                 at = builder.sub(builder.add(builder.mul(builder.add(rows[k], one), row), off), ir.Constant(i64, L))
-                _stream_store(builder, joined[k], builder.bitcast(builder.gep(d.data, [at]), evec.as_pointer()), LINE)
+                irb.stream_store(builder, joined[k], builder.bitcast(builder.gep(d.data, [at]), evec.as_pointer()), LINE)
         return context.get_dummy_value()
 
     return types.void(dst, src, ids, types.uint64, types.uint64, types.uint64, types.uint64, types.uint64), codegen
@@ -210,7 +181,7 @@ def store_fence(typingctx):
     issued them fences before it ends (as memcpy does after its non-temporal loop)."""
 
     def codegen(context, builder, sig, args):
-        builder.fence("seq_cst")
+        irb.fence(builder)
         return context.get_dummy_value()
 
     return types.void(), codegen
@@ -231,12 +202,7 @@ def prefetch(typingctx, a, idx):
 
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = builder.gep(ary.data, [args[1]])
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-        # read, locality 3 (keep in all levels), data cache
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        irb.prefetch(builder, builder.gep(ary.data, [args[1]]))  # into all levels
         return context.get_dummy_value()
 
     return types.void(a, idx), codegen

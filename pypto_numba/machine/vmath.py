@@ -83,6 +83,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from pypto_numba.machine import ir as irb
 from pypto_numba.machine.dtypes import f32_as_u32, u32_as_f32
 from pypto_numba.machine.jit import device
 
@@ -253,18 +254,6 @@ def _count(context, builder, val, ty):
     return builder.select(builder.icmp_signed("<", cnt, ir.Constant(i64, 0)), ir.Constant(i64, 0), cnt)
 
 
-def _fold_halves(builder, v, combine):
-    """Fold a ``<L x float>`` vector in halves, ``combine(low, high)`` lane-wise, down to ``<1 x float>``."""
-    width = v.type.count
-    while width > 1:
-        width //= 2
-        i32v = ir.VectorType(ir.IntType(32), width)
-        lo = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width))))
-        hi = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width, 2 * width))))
-        v = combine(lo, hi)
-    return v
-
-
 @intrinsic
 def rowmax(typingctx, s, base, c):
     """float32 max of ``s[base : base + c]`` (flat float32 array), ``-inf`` for ``c == 0``.
@@ -294,7 +283,7 @@ def rowmax(typingctx, s, base, c):
             off = builder.add(b0, builder.mul(loop.index, ir.Constant(i64, _MAX_LANES)))
             ptr = builder.bitcast(builder.gep(arr.data, [off]), vf.as_pointer())
             builder.store(_max_step(builder, builder.load(ptr, align=4), builder.load(vacc)), vacc)
-        v = _fold_halves(builder, builder.load(vacc), lambda lo, hi: _max_step(builder, hi, lo))
+        v = irb.fold_halves(builder, builder.load(vacc), lambda lo, hi: _max_step(builder, hi, lo))
         acc = cgutils.alloca_once_value(builder, builder.extract_element(v, ir.Constant(ir.IntType(32), 0)))
         done = builder.mul(nvec, ir.Constant(i64, _MAX_LANES))
         with cgutils.for_range(builder, builder.sub(cnt, done)) as loop:
@@ -308,17 +297,13 @@ def rowmax(typingctx, s, base, c):
 # ---- softmax_exp -------------------------------------------------------------------------------
 
 
-def _const(vty, value):
-    return ir.Constant(vty, [value] * vty.count)
-
-
 def _exp_ir(builder, x):
     """:func:`exp` on a ``<L x float>`` vector, the same operations in the same order (the
     multiply-adds fused where numba's ``contract`` flag fuses them in :func:`exp`)."""
     vf = x.type
     vi = ir.VectorType(ir.IntType(32), vf.count)
     flags = ("contract",)
-    fl = lambda v: _const(vf, float(v))  # noqa: E731  (float32 constants, exact as float64)
+    fl = lambda v: irb.const(vf, float(v))  # noqa: E731  (float32 constants, exact as float64)
     mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
     add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
     sub = lambda a, b: builder.fsub(a, b, flags=flags)  # noqa: E731
@@ -336,72 +321,11 @@ def _exp_ir(builder, x):
     n1 = builder.call(floor, [mul(n, fl(_HALF))])
 
     def pow2(v):
-        bits = builder.shl(builder.fptosi(add(v, fl(127.0)), vi), _const(vi, 23))
+        bits = builder.shl(builder.fptosi(add(v, fl(127.0)), vi), irb.const(vi, 23))
         return builder.bitcast(bits, vf)
 
     y = mul(mul(p, pow2(n1)), pow2(sub(n, n1)))
     return builder.select(builder.fcmp_ordered("==", x, x), y, x)
-
-
-class _FOps:
-    """float32 IR on a scalar or a ``<L x float>`` vector (``x.type``), each instruction with
-    ``contract`` only (:data:`VMATH_FASTMATH`): the backend fuses a multiply into the add that
-    uses it, as it does in the numba-compiled scalar function."""
-
-    def __init__(self, builder, ty):
-        self.b = builder
-        self.ty = ty
-        lanes = getattr(ty, "count", None)
-        self.ity = ir.IntType(32) if lanes is None else ir.VectorType(ir.IntType(32), lanes)
-        suffix = "f32" if lanes is None else f"v{lanes}f32"
-        self._fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty]), f"llvm.fabs.{suffix}")
-
-    def k(self, v):
-        v = float(v)  # float32 constants: exact as float64
-        return ir.Constant(self.ty, v if not isinstance(self.ty, ir.VectorType) else [v] * self.ty.count)
-
-    def _v(self, x):
-        return self.k(x) if isinstance(x, (float, np.floating)) else x
-
-    def mul(self, a, b):
-        return self.b.fmul(self._v(a), self._v(b), flags=("contract",))
-
-    def add(self, a, b):
-        return self.b.fadd(self._v(a), self._v(b), flags=("contract",))
-
-    def div(self, a, b):
-        return self.b.fdiv(self._v(a), self._v(b), flags=("contract",))
-
-    def abs(self, a):
-        return self.b.call(self._fabs, [a])
-
-    def gt(self, a, b):
-        return self.b.fcmp_ordered(">", self._v(a), self._v(b))
-
-    def ge(self, a, b):
-        return self.b.fcmp_ordered(">=", self._v(a), self._v(b))
-
-    def eq(self, a, b):
-        return self.b.fcmp_ordered("==", self._v(a), self._v(b))
-
-    def select(self, c, a, b):
-        return self.b.select(c, self._v(a), self._v(b))
-
-    def horner(self, t, coeffs):
-        """``c0 + t*(c1 + t*(c2 + ...))`` for ``coeffs = (c0, c1, ...)``, innermost first."""
-        acc = self.k(coeffs[-1])
-        for c in reversed(coeffs[:-1]):
-            acc = self.add(c, self.mul(t, acc))
-        return acc
-
-    def copysign(self, m, x):
-        """:func:`_copysign`: ``m``'s bits with ``x``'s sign bit."""
-        sign = self.b.and_(self.b.bitcast(x, self.ity), ir.Constant(self.ity, _splat(self.ity, 0x80000000)))
-        return self.b.bitcast(self.b.or_(self.b.bitcast(m, self.ity), sign), self.ty)
-
-
-def _splat(ty, v):
-    return v if not isinstance(ty, ir.VectorType) else [v] * ty.count
 
 
 def _rational_ir(o, x, ps, qs, sat):
@@ -417,33 +341,14 @@ def tanh_ir(builder, x):
     """:func:`tanh` in IR on a float32 scalar or ``<L x float>`` vector: the same operations in
     the same order (``tests/test_vmath.py`` checks equal bits). For loops that LLVM's
     vectoriser would run in 256-bit vectors, or that store with streaming stores."""
-    return _rational_ir(_FOps(builder, x.type), x, (_TANH_P0, _TANH_P1, _TANH_P2, _TANH_P3, _TANH_P4),
+    return _rational_ir(irb.FOps(builder, x.type), x, (_TANH_P0, _TANH_P1, _TANH_P2, _TANH_P3, _TANH_P4),
                         (_TANH_Q1, _TANH_Q2, _TANH_Q3, _TANH_Q4), _TANH_SAT)
 
 
 def erf_ir(builder, x):
     """:func:`erf` in IR, as :func:`tanh_ir`."""
-    return _rational_ir(_FOps(builder, x.type), x, (_ERF_P0, _ERF_P1, _ERF_P2, _ERF_P3, _ERF_P4, _ERF_P5),
+    return _rational_ir(irb.FOps(builder, x.type), x, (_ERF_P0, _ERF_P1, _ERF_P2, _ERF_P3, _ERF_P4, _ERF_P5),
                         (_ERF_Q1, _ERF_Q2, _ERF_Q3, _ERF_Q4, _ERF_Q5), _ERF_SAT)
-
-
-def _round_ir(builder, e, like):
-    """``dtypes.round_as`` on a ``<L x float>`` vector for ``like``'s kernel dtype."""
-    vf = e.type
-    L = vf.count
-    if like == types.float32:
-        return e
-    if like == types.int16:  # fp16: IEEE round to nearest even (subnormals too), back exactly
-        half = builder.fptrunc(e, ir.VectorType(ir.HalfType(), L))
-        return builder.fpext(half, vf)
-    vi = ir.VectorType(ir.IntType(32), L)
-    k = lambda v: _const(vi, v)  # noqa: E731
-    b = builder.bitcast(e, vi)
-    lsb = builder.and_(builder.lshr(b, k(16)), k(1))
-    rounded = builder.and_(builder.add(builder.add(b, k(0x7FFF)), lsb), k(0xFFFF0000))
-    qnan = builder.or_(builder.and_(b, k(0x80000000)), k(0x7FC00000))
-    is_nan = builder.icmp_unsigned(">", builder.and_(b, k(0x7FFFFFFF)), k(0x7F800000))
-    return builder.bitcast(builder.select(is_nan, qnan, rounded), vf)
 
 
 _EXP_LANES = 16
@@ -484,22 +389,20 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
                                             ir.Constant(ir.IntType(32), 0))
             else:
                 sp = builder.bitcast(builder.gep(s_arr.data, [off]), vf.as_pointer())
-                mv = builder.insert_element(ir.Constant(vf, ir.Undefined), mval, ir.Constant(ir.IntType(32), 0))
-                mv = builder.shuffle_vector(mv, mv, ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
-                xv = builder.fsub(builder.load(sp, align=4), mv)
+                xv = builder.fsub(builder.load(sp, align=4), irb.splat(builder, mval, vf))
             e = _exp_ir(builder, xv)
-            r = _round_ir(builder, e, like_t)
+            r = irb.round_ir(builder, e, like_t)
             pp = builder.bitcast(builder.gep(p_arr.data, [off]), vf.as_pointer())
             builder.store(r, pp, align=4)
             return builder.fadd(total, e)
 
         vf = ir.VectorType(f32, _EXP_LANES)
-        vsum = cgutils.alloca_once_value(builder, _const(vf, 0.0))
+        vsum = cgutils.alloca_once_value(builder, irb.const(vf, 0.0))
         nvec = builder.udiv(cnt, ir.Constant(i64, _EXP_LANES))
         with cgutils.for_range(builder, nvec) as loop:
             off = builder.add(b0, builder.mul(loop.index, ir.Constant(i64, _EXP_LANES)))
             builder.store(one_step(_EXP_LANES, off, builder.load(vsum)), vsum)
-        v = _fold_halves(builder, builder.load(vsum), builder.fadd)
+        v = irb.fold_halves(builder, builder.load(vsum), builder.fadd)
         acc = cgutils.alloca_once_value(builder, v)  # <1 x float>
         done = builder.mul(nvec, ir.Constant(i64, _EXP_LANES))
         with cgutils.for_range(builder, builder.sub(cnt, done)) as loop:
