@@ -24,8 +24,7 @@ many whole rows would take more than half of UB (the other half is the double bu
 task; PyPTO's embedding gathers whole rows), down to the fewest ids that fill a 32-byte block;
 ``h_tile`` is the largest 32-byte-aligned width for which the row tile fits that half, capped at
 H rounded up to the alignment: whole rows unless even that few are larger than half of UB (or
-``row_tile`` is given). Split rows cost the CPU too: weight[151936, 2048] fp32, ids[8, 2048] ran
-at 0.79x of copy in tiles of 16 rows x 1536 columns, 0.89x in tiles of 8 whole rows.
+``row_tile`` is given). Split rows cost the CPU too (a row's run of lines is cut in two).
 
 On the CPU a row gather is a memcpy per row with no conversion (16-bit rows are copied as
 ``uint16`` bits). When a task holds whole rows (``h_tile >= H``, the default for typical hidden
@@ -36,15 +35,12 @@ whole lines go out ``GATHER_ROWS`` at a time, a line of each loaded before any i
 (:func:`stream_gather_rows`). A fresh result starts at the same offset within a page as the
 weight, so each whole output line comes from one weight line and no load waits for a store to
 the same page offset (an ``out=`` at another offset within a line works, with every load
-straddling two lines: 0.85x). A task of a column tile streams each row's run of whole lines the
+straddling two lines). A task of a column tile streams each row's run of whole lines the
 same way, GATHER_ROWS rows at a time, and writes the partial lines at the run's two ends with
-plain stores. ``out=`` reuses a result array: a fresh 64 MB result costs its page faults (the OS
-zeroes every new page), which is about as much as the gather itself.
-
-Where the weight sits matters a little. weight[151936, 2048] bf16, ids[8, 2048], out in phase,
-2 threads, against the prange copy of the output's bytes: rows starting on a page boundary
-0.88-0.91x of copy; NumPy's large arrays (16 bytes into a page, so every output row shares a
-line with the next: the joins of :func:`stream_gather_rows`) 0.82-0.85x.
+plain stores. ``out=`` reuses a result array: a fresh result costs its page faults (the OS
+zeroes every new page), which is about as much as the gather itself. Rows of NumPy's large
+arrays start 16 bytes into a page, so every output row shares a line with the next (the joins of
+:func:`stream_gather_rows`).
 """
 
 from __future__ import annotations
@@ -85,15 +81,12 @@ _COPY_VIEW = {"fp32": np.uint32, "bf16": np.uint16, "fp16": np.uint16}  # bits a
 # streaming stores of whole cache lines (machine.tile.stream_lines)
 #
 # A row gather is a memcpy per row, and a memcpy of a large block runs at memory speed only
-# with non-temporal stores (a plain store first reads the destination line: 3 bytes of DRAM
-# traffic for 2). Measured on the 2-core Xeon (64 MB out, medians of alternating runs against
-# the prange copy peer): plain row copies 0.52-0.59x of copy, 32-byte streaming stores per row
-# 0.50x, 64-byte (whole-line) streaming stores 0.80-0.81x. Whole lines matter: a line written
-# in two 32-byte halves can be flushed from the write-combining buffer half-full. A line that
-# gets both plain and streaming stores is the worst case (the plain store pulls the line in,
-# the streaming store evicts it again), so a task streams every whole line of its contiguous
-# output range, also the lines that straddle two rows (assembled in a 64-byte scratch), and
-# writes only the partial lines at its two ends with plain stores.
+# with non-temporal stores of whole lines (a line written in two 32-byte halves can be flushed
+# from the write-combining buffer half-full). A line that gets both plain and streaming stores
+# is the worst case (the plain store pulls the line in, the streaming store evicts it again), so
+# a task streams every whole line of its contiguous output range, also the lines that straddle
+# two rows (assembled in a 64-byte scratch), and writes only the partial lines at its two ends
+# with plain stores (machine/ir/lines.py cuts the range).
 
 
 @device
@@ -242,10 +235,8 @@ def _gather_kernel(weight, ids, out, row_tile, h_tile, stream, lines):
             store_fence()
         else:
             for r in range(rb, rb + vr):
-                # ids were range-checked before the launch. Flat views and uint64 indices: numba
-                # wraps negative int indices, and with a run-time offset that select stops LLVM
-                # from vectorising the row copy; no per-row views either (a view bumps the shared
-                # array's reference count atomically, from both threads on one cache line).
+                # ids were range-checked before the launch; flat views, uint64 indices and no
+                # per-row views (machine/jit.py)
                 src = np.uint64(ids[r]) * uH + ob
                 dst = np.uint64(r) * uH + ob
                 for c in range(np.uint64(vh)):
@@ -474,7 +465,7 @@ def gather(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None):
     """``weight[ids]``: ``weight[V, H]``, int32/int64 ``ids`` of any shape -> ``[*ids.shape, H]``.
 
     ``out``: optional preallocated result (C-contiguous, the weight's dtype, ``[*ids.shape, H]``);
-    reusing it saves the page faults of a fresh result (~10-20 ms for 64 MB on this machine).
+    reusing it saves the page faults of a fresh result.
     """
     return _call("gather", weight, ids, profile, row_tile, h_tile, out)
 

@@ -56,12 +56,10 @@ MATHS = ("fp32", "storage")
 # ---------------------------------------------------------------------------------------------
 # kernels: one prange iteration = one UB tile (a pypto.loop iteration on an AI vector core)
 #
-# Each tile is widened to fp32, computed and cast straight into the GM output, one 64-byte line
-# per step in LLVM IR (_gelu_span; the storage-math mode stays a numba loop), with streaming
-# stores from registers for large outputs. (Staging the tile in UB and copying it out with
-# streaming stores, machine/tile.py, measured slower: the extra pass costs as much as it saves.)
-# Offsets are uint64: signed offsets keep numba's negative-index check, which stops the loops
-# from vectorising (measured 7x slower).
+# Each tile is widened to fp32, computed and cast straight into the GM output in LLVM IR
+# (_gelu_span: the line_span template of machine/ir/lines.py around the math), with streaming
+# stores from registers for large outputs; the storage-math mode stays a numba loop. Offsets are
+# uint64 (machine/jit.py).
 
 VARIANT = {"tanh": 0, "erf": 1}
 
@@ -94,11 +92,8 @@ def _gelu_span(use_erf):
         per step (16 fp32 or 32 16-bit lanes in 512-bit vectors), then the rest one at a time.
         ``stream``: the whole lines are written with streaming stores (the caller fences, and
         checks that ``dst`` is a whole number of elements off a line and is not just past ``x``
-        within a page: :func:`tile.streams_apart`).
-
-        The numba loop this replaces ran in LLVM's 256-bit vectors, compute-bound (the division
-        of tanh/erf, the casts): 0.39-0.40x copy bandwidth for fp32 (x[64M], out=, 2 threads),
-        0.21x for bf16.
+        within a page: :func:`tile.streams_apart`). 512-bit vectors, because the plain loop
+        (:func:`_span_plain`, same bits) runs in LLVM's 256-bit ones, compute-bound.
         """
         if not (isinstance(x, types.Array) and isinstance(dst, types.Array) and x.dtype == dst.dtype
                 and x.dtype in (types.float32, types.uint16, types.int16)):

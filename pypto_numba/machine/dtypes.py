@@ -51,15 +51,8 @@ Why it is written this way
 Every converter is branch-free 32-bit integer arithmetic plus selects (no table, no
 data-dependent branch, no slow path: subnormal inputs convert at the same speed), so loops over
 them vectorise (AVX2/AVX-512) and a parallel convert-copy runs at about the speed of a plain copy
-loop.
-Measured on the 2-core Xeon (2.8 GHz, AVX-512; LLVM picks 256-bit vectors; a shared machine, best
-of many runs): one core converts in cache at 22-26 (bf16->fp32), 5-7 (fp32->bf16), 3.6-5.5
-(fp16->fp32) and 3-4 (fp32->fp16) Gelem/s, several times the ~1.2 Gelem/s per core that memory
-delivers. On 64M elements with 2 threads, a convert-copy loop moves 0.78-0.93x the bytes per
-second of a prange negate-copy loop measured in the same run (1.0-1.2x its elements per
-second), and is 2.5-9x faster than ``ml_dtypes`` / NumPy ``.astype``. (LLVM turns a pure copy
-loop into ``memcpy``, whose non-temporal stores are about 2x faster than any loop with ordinary
-stores.)
+loop. The bodies are the IR of ``machine/ir/convert.py``, one source for the scalar converters
+here and the vector kernels.
 """
 
 from __future__ import annotations

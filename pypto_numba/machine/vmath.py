@@ -45,34 +45,18 @@ Large arguments saturate (``tanh(+-100) = +-1``, ``erf(+-10) = +-1``, ``sigmoid(
 Why
 ---
 ``math.exp/tanh/erf`` compile to scalar libm calls (no SVML in numba), which stops loops from
-vectorising: a GELU written with them runs at ~1 GB/s. These versions are plain arithmetic,
-integer bit tricks (``f32_as_u32`` / ``u32_as_f32``) and selects, without branches or calls, so a
-loop over them compiles to AVX2/AVX-512 code and runs near memory bandwidth.
+vectorising. These versions are plain arithmetic, integer bit tricks and selects, without
+branches or calls, so a loop over them compiles to AVX2/AVX-512 code and runs near memory
+bandwidth. They are inlined (``forceinline``) and compiled with ``contract`` only
+(:data:`VMATH_FASTMATH`; why: ``machine/jit.py``). Constants are float32 (a Python float
+literal would promote the arithmetic to float64).
 
-Throughput (2-core Xeon at 2.8 GHz, AVX-512, LLVM picks 256-bit vectors; shared machine, best
-of many runs). One core, data in cache: exp 1.3-1.7, tanh 2.1-3.1, erf 2.3-2.9, sigmoid 0.9-1.5,
-rsqrt 2.2-2.5 Gelem/s (a negate loop: 10-11). 64M float32 with 2 threads, as a fraction of a
-prange negate-copy loop (same loads and stores) measured in the same run: rsqrt 0.95, tanh 0.89,
-erf 0.83, exp 0.69, sigmoid 0.69 (the loop ran at 10.8 GB/s read + write on the busy machine,
-19 GB/s when idle). tanh, erf and rsqrt are memory-bound; exp and sigmoid nearly.
-
-Compilation flags: ``@device`` with ``forceinline=True`` (LLVM ``alwaysinline``: an earlier,
-exp-based erf was above LLVM's inlining threshold, and the call left in the loop stopped
-vectorisation, 10x slower) and fastmath reduced to ``{"contract"}`` (FMA contraction only).
-``reassoc`` could let LLVM refactor ``x - n*ln2_hi - n*ln2_lo`` into ``x - n*(ln2_hi + ln2_lo)``
-and lose the Cody-Waite reduction's precision; ``arcp``/``afn`` could turn ``1/sqrt(x)`` into an
-estimate that is wrong at 0 and Inf. Measured: compiled with the full ``FASTMATH`` set, ``exp``
-returns Inf for x > 88.38 because LLVM reassociates ``(p * 2^n1) * 2^n2`` into ``p * 2^128``.
-LLVM fast-math flags are per instruction, so these functions keep their flags when inlined into
-kernels compiled with the wider ``FASTMATH`` set.
-Constants are float32 (a Python float literal would promote the arithmetic to float64).
 Coefficients are minimax fits of the functions named above, made for this module in float64
 (Lawson-reweighted least squares; for the rationals, linearised Sanathanan-Koerner iterations)
 and rounded to float32. tanh and erf are rationals rather than exp-based because that halves
-their cost (measured 1.3 vs 2.8 cycles/element for tanh, 1.0 vs 3.2 for erf, one core): the
-price is ~5 ulp of float32 evaluation error near +-1 instead of ~1.5, far inside the 2e-6 target,
-and monotonicity only up to that error (where the exact function changes by less than an ulp
-between neighbours). ``exp`` and ``sigmoid`` are monotone on the tested grids.
+their cost: the price is ~5 ulp of float32 evaluation error near +-1 instead of ~1.5, far inside
+the 2e-6 target, and monotonicity only up to that error (where the exact function changes by
+less than an ulp between neighbours). ``exp`` and ``sigmoid`` are monotone on the tested grids.
 """
 
 from __future__ import annotations
@@ -263,8 +247,7 @@ def rowmax(typingctx, s, base, c):
     16 elements), folded in halves at the end, the < 16 last elements in scalar steps. The max of
     a set does not depend on the order, so the result is exact whatever the lanes (only which of
     ``+0``/``-0`` is kept may differ, and neither changes ``s - max``). A loop of scalar maxima
-    does not vectorise without the ``nnan`` flag (never used here): measured 0.27-0.38 ns per
-    element with 8 scalar chains.
+    does not vectorise without the ``nnan`` flag (never used here, ``machine/jit.py``).
     """
     if not (isinstance(s, types.Array) and s.dtype == types.float32 and isinstance(c, types.Integer)):
         return None
