@@ -92,8 +92,8 @@ def _gelu_span(use_erf):
         per step (16 fp32 or 32 16-bit lanes in 512-bit vectors), then the rest one at a time.
         ``stream``: the whole lines are written with streaming stores (the caller fences, and
         checks that ``dst`` is a whole number of elements off a line and is not just past ``x``
-        within a page: :func:`tile.streams_apart`). 512-bit vectors, because the plain loop
-        (:func:`_span_plain`, same bits) runs in LLVM's 256-bit ones, compute-bound.
+        within a page: :func:`tile.streams_apart`). Explicit 512-bit vectors: the plain loop
+        (:func:`_span_plain`, same bits) gets LLVM's choice (``machine/jit.py``), compute-bound.
         """
         if not (isinstance(x, types.Array) and isinstance(dst, types.Array) and x.dtype == dst.dtype
                 and x.dtype in (types.float32, types.uint16, types.int16)):

@@ -35,12 +35,13 @@ Indexing
 
 Vector width
 ------------
-LLVM's vectoriser picks 256-bit vectors on this CPU (its ``prefer-256-bit`` default), and numba
-loops keep that: switching every kernel to 512-bit (``NUMBA_CPU_FEATURES=...,-prefer-256-bit``)
-made the attention tiles slower (D = 128 rows are too short to amortise them). The compute-bound
-inner loops that gain from 512-bit vectors are written in IR with explicit 16-lane fp32 vectors
-instead (``vmath.softmax_exp``/``rowmax``, GELU's span, rope's rotation, the cube's register
-blocks): the width is chosen per loop, where it was measured faster.
+Numba loops leave the vector width to LLVM's cost model for the host CPU: on the Xeon the kernels
+were first measured on it picks 256-bit vectors (``prefer-256-bit``), on Zen 4 512-bit ones.
+Forcing 512-bit on the Xeon (``NUMBA_CPU_FEATURES=...,-prefer-256-bit``) made the attention tiles
+slower (D = 128 rows are too short to amortise them), so no kernel overrides the CPU's choice.
+The compute-bound inner loops that gain from 512-bit vectors whatever the CPU are written in IR
+with explicit 16-lane fp32 vectors instead (``vmath.softmax_exp``/``rowmax``, GELU's span, rope's
+rotation, the cube's register blocks): the width is chosen per loop, where it was measured faster.
 
 Threads and determinism
 -----------------------

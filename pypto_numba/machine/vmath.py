@@ -1,9 +1,13 @@
 """The vector unit's transcendental functions (float32 exp, tanh, erf, sigmoid, rsqrt), and the two
 softmax row steps in explicit 16-lane vectors: ``rowmax`` and ``softmax_exp`` (exp, rounding of P
-and the row sum; bit-equal to ``exp`` + ``dtypes.round_as``, which ``tests/test_vmath.py`` checks,
-so the vector copies of the exp formula and of the bf16/fp16 rounding cannot drift apart).
-``tanh_ir`` / ``erf_ir`` build tanh and erf in LLVM IR on a scalar or a vector of any width, for
-kernels written in IR (GELU's 512-bit loop); the same test holds them bit-equal to ``tanh``/``erf``.
+and the row sum).
+
+Each formula is written once, as IR on a float32 scalar or a vector of any width (``exp_ir``,
+``tanh_ir``, ``erf_ir``, ``sigmoid_ir``, ``rsqrt_ir``): the numba functions ``exp`` ... ``rsqrt``
+are that IR on a scalar, and IR kernels (``softmax_exp``, GELU's span) use it on vectors, so the
+scalar and vector results have the same bits by construction. ``exp_plain`` ... ``rsqrt_plain``
+are the same formulas as plain numba code, the readable reference (``tests/test_vmath.py``
+checks all three agree bit for bit). The bf16/fp16 rounding of P is ``machine/ir/convert.py``'s.
 
 What
 ----
@@ -71,7 +75,8 @@ from pypto_numba.machine import ir as irb
 from pypto_numba.machine.dtypes import f32_as_u32, u32_as_f32
 from pypto_numba.machine.jit import device
 
-__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "tanh_ir", "erf_ir", "VMATH_FASTMATH"]
+__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "exp_ir", "tanh_ir", "erf_ir", "sigmoid_ir",
+           "rsqrt_ir", "VMATH_FASTMATH"]
 
 VMATH_FASTMATH = frozenset({"contract"})
 """Fast-math flags of the vmath functions (see the module docstring for why not FASTMATH)."""
@@ -126,6 +131,149 @@ _ERF_Q4 = _F(0.0011855724733322859)
 _ERF_Q5 = _F(3.742020999197848e-05)
 _ERF_SAT = _F(4.0)
 
+_EXP_C = (_EXP_C0, _EXP_C1, _EXP_C2, _EXP_C3, _EXP_C4)
+_TANH_P = (_TANH_P0, _TANH_P1, _TANH_P2, _TANH_P3, _TANH_P4)
+_TANH_Q = (_ONE, _TANH_Q1, _TANH_Q2, _TANH_Q3, _TANH_Q4)
+_ERF_P = (_ERF_P0, _ERF_P1, _ERF_P2, _ERF_P3, _ERF_P4, _ERF_P5)
+_ERF_Q = (_ONE, _ERF_Q1, _ERF_Q2, _ERF_Q3, _ERF_Q4, _ERF_Q5)
+
+
+# ---- the formulas, once: IR on a float32 scalar or <L x float> vector -------------------------
+# Each builds the same instructions in the same order whatever the width, with ``contract`` only
+# (machine/jit.py): the scalar functions below are these on a scalar (so their bits are the
+# vector kernels' bits), and the plain numba forms further down are the readable reference.
+
+
+def exp_ir(builder, x):
+    """:func:`exp` in IR: Cody-Waite reduction, degree-6 polynomial, two exact scalings by 2^n."""
+    o = irb.FOps(builder, x.type)
+    # clamp with NaN going to a finite value, so the float -> int conversion below is defined
+    xc = o.select(o.gt(x, _EXP_LO), x, _EXP_LO)
+    xc = o.select(o.lt(xc, _EXP_HI), xc, _EXP_HI)
+    n = o.floor(o.add(o.mul(xc, _LOG2E), _HALF))  # in [-150, 128]
+    r = o.sub(xc, o.mul(n, _LN2_HI))  # exact
+    r = o.sub(r, o.mul(n, _LN2_LO))
+    poly = o.horner(r, _EXP_C)
+    p = o.add(_ONE, o.add(r, o.mul(o.mul(r, r), poly)))
+    # 2^n in two exact factors (2^n itself may not be a normal float32): only the last
+    # multiplication rounds, which also makes subnormal and overflowing results correct
+    n1 = o.floor(o.mul(n, _HALF))
+    y = o.mul(o.mul(p, o.pow2(n1)), o.pow2(o.sub(n, n1)))
+    return o.select(o.eq(x, x), y, x)
+
+
+def _rational_ir(builder, x, ps, qs, sat):
+    """``sign(x) * min(1, |x| P(x^2) / Q(x^2))``, and ``+-1`` for ``|x| >= sat``."""
+    o = irb.FOps(builder, x.type)
+    a = o.abs(x)
+    t = o.mul(a, a)  # may be Inf for huge |x|: that lane is replaced by 1 below
+    r = o.div(o.mul(a, o.horner(t, ps)), o.horner(t, qs))
+    r = o.select(o.gt(r, _ONE), _ONE, r)  # never above 1 (NaN stays NaN)
+    r = o.select(o.ge(a, sat), _ONE, r)
+    return o.copysign(r, x)
+
+
+def tanh_ir(builder, x):
+    """:func:`tanh` in IR: the rational ``x P(x^2) / Q(x^2)`` (degrees 4/4), saturated at 9."""
+    return _rational_ir(builder, x, _TANH_P, _TANH_Q, _TANH_SAT)
+
+
+def erf_ir(builder, x):
+    """:func:`erf` in IR: the rational ``x P(x^2) / Q(x^2)`` (degrees 5/5), saturated at 4."""
+    return _rational_ir(builder, x, _ERF_P, _ERF_Q, _ERF_SAT)
+
+
+def sigmoid_ir(builder, x):
+    """:func:`sigmoid` in IR: ``1 / (1 + exp(-x))``."""
+    o = irb.FOps(builder, x.type)
+    return o.div(_ONE, o.add(_ONE, exp_ir(builder, o.sub(-0.0, x))))
+
+
+def rsqrt_ir(builder, x):
+    """:func:`rsqrt` in IR: IEEE sqrt, then IEEE division."""
+    o = irb.FOps(builder, x.type)
+    return o.div(_ONE, o.sqrt(x))
+
+
+def _on_scalar(formula):
+    """A numba intrinsic ``float32 -> float32`` that is ``formula`` on a scalar."""
+
+    @intrinsic
+    def scalar(typingctx, x):
+        if not isinstance(x, (types.Float, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return formula(builder, args[0])
+
+        return types.float32(types.float32), codegen  # numba casts the argument to float32
+
+    return scalar
+
+
+_exp1 = _on_scalar(exp_ir)
+_tanh1 = _on_scalar(tanh_ir)
+_erf1 = _on_scalar(erf_ir)
+_sigmoid1 = _on_scalar(sigmoid_ir)
+_rsqrt1 = _on_scalar(rsqrt_ir)
+
+
+@_vdevice
+def exp(x):
+    """float32 e^x: measured max error 1.0 ulp over grid Y (target 4 ulp).
+
+    Y = 2^22 points of [-87.3, 88.72] + every float32 in [0.5, 1] and [80, 88.72] (max rel error
+    8.5e-8). Subnormal results are within 0.75 of the subnormal step. ``+Inf`` for
+    ``x > 88.7228``, ``0`` below ``-103.97``; ``exp(-inf) = 0``, NaN -> NaN.
+    """
+    return _exp1(x)
+
+
+@_vdevice
+def tanh(x):
+    """float32 tanh: measured max abs error 3.0e-7 over grid Y (target 2e-6).
+
+    Y = 2^22 points of [-10, 10] + every float32 in [0.5, 1] and [8, 9.5] (max rel error
+    3.0e-7, also for tiny |x|). ``tanh(+-inf) = +-1``, ``tanh(-0) = -0``, NaN -> NaN.
+    """
+    return _tanh1(x)
+
+
+@_vdevice
+def erf(x):
+    """float32 erf: measured max abs error 3.5e-7 over grid Y (target 2e-6).
+
+    Y = 2^22 points of [-6, 6] + every float32 in [0.75, 1.5] and [3, 4.5] (max rel error
+    3.5e-7, also for tiny |x|). ``erf(+-inf) = +-1``, ``erf(-0) = -0``, NaN -> NaN.
+    """
+    return _erf1(x)
+
+
+@_vdevice
+def sigmoid(x):
+    """float32 1 / (1 + e^-x): measured max abs error 9.0e-8 over grid Y (target 2e-6).
+
+    Y = 2^22 points of [-40, 40] + every float32 in [-1, -0.5] (max rel error 1.5e-7).
+    ``sigmoid(-inf) = 0``, ``sigmoid(inf) = 1``, NaN -> NaN; saturates without inf/inf.
+    """
+    return _sigmoid1(x)
+
+
+@_vdevice
+def rsqrt(x):
+    """float32 1/sqrt(x): measured max error 1.49 ulp over grid Y.
+
+    Y = every float32 in [1, 4] + 2^22 log-spaced points of [2^-126, 2^127]. IEEE sqrt then IEEE
+    division: two roundings, < 1.5 ulp by construction. ``rsqrt(0) = inf``, ``rsqrt(-0) = -inf``,
+    ``rsqrt(inf) = 0``, negative -> NaN, NaN -> NaN.
+    """
+    return _rsqrt1(x)
+
+
+# ---- the readable reference: the same formulas as plain numba code ----------------------------
+# (what the kernels used before the IR; tests/test_vmath.py holds them bit-equal to the functions
+# above)
+
 
 @_vdevice
 def _pow2(n):
@@ -140,13 +288,8 @@ def _copysign(m, x):
 
 
 @_vdevice
-def exp(x):
-    """float32 e^x: measured max error 1.0 ulp over grid Y (target 4 ulp).
-
-    Y = 2^22 points of [-87.3, 88.72] + every float32 in [0.5, 1] and [80, 88.72] (max rel error
-    8.5e-8). Subnormal results are within 0.75 of the subnormal step. ``+Inf`` for
-    ``x > 88.7228``, ``0`` below ``-103.97``; ``exp(-inf) = 0``, NaN -> NaN.
-    """
+def exp_plain(x):
+    """:func:`exp` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
     # clamp with NaN going to a finite value, so the float -> int conversion below is defined
     xc = x if x > _EXP_LO else _EXP_LO
@@ -163,12 +306,8 @@ def exp(x):
 
 
 @_vdevice
-def tanh(x):
-    """float32 tanh: measured max abs error 3.0e-7 over grid Y (target 2e-6).
-
-    Y = 2^22 points of [-10, 10] + every float32 in [0.5, 1] and [8, 9.5] (max rel error
-    3.0e-7, also for tiny |x|). ``tanh(+-inf) = +-1``, ``tanh(-0) = -0``, NaN -> NaN.
-    """
+def tanh_plain(x):
+    """:func:`tanh` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
     a = abs(x)
     t = a * a  # may be Inf for huge |x|: that lane is replaced by 1 below
@@ -181,12 +320,8 @@ def tanh(x):
 
 
 @_vdevice
-def erf(x):
-    """float32 erf: measured max abs error 3.5e-7 over grid Y (target 2e-6).
-
-    Y = 2^22 points of [-6, 6] + every float32 in [0.75, 1.5] and [3, 4.5] (max rel error
-    3.5e-7, also for tiny |x|). ``erf(+-inf) = +-1``, ``erf(-0) = -0``, NaN -> NaN.
-    """
+def erf_plain(x):
+    """:func:`erf` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
     a = abs(x)
     t = a * a
@@ -199,24 +334,15 @@ def erf(x):
 
 
 @_vdevice
-def sigmoid(x):
-    """float32 1 / (1 + e^-x): measured max abs error 9.0e-8 over grid Y (target 2e-6).
-
-    Y = 2^22 points of [-40, 40] + every float32 in [-1, -0.5] (max rel error 1.5e-7).
-    ``sigmoid(-inf) = 0``, ``sigmoid(inf) = 1``, NaN -> NaN; saturates without inf/inf.
-    """
+def sigmoid_plain(x):
+    """:func:`sigmoid` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
-    return _ONE / (_ONE + exp(-x))
+    return _ONE / (_ONE + exp_plain(-x))
 
 
 @_vdevice
-def rsqrt(x):
-    """float32 1/sqrt(x): measured max error 1.49 ulp over grid Y.
-
-    Y = every float32 in [1, 4] + 2^22 log-spaced points of [2^-126, 2^127]. IEEE sqrt then IEEE
-    division: two roundings, < 1.5 ulp by construction. ``rsqrt(0) = inf``, ``rsqrt(-0) = -inf``,
-    ``rsqrt(inf) = 0``, negative -> NaN, NaN -> NaN.
-    """
+def rsqrt_plain(x):
+    """:func:`rsqrt` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
     return _ONE / np.sqrt(x)
 
@@ -280,60 +406,6 @@ def rowmax(typingctx, s, base, c):
 # ---- softmax_exp -------------------------------------------------------------------------------
 
 
-def _exp_ir(builder, x):
-    """:func:`exp` on a ``<L x float>`` vector, the same operations in the same order (the
-    multiply-adds fused where numba's ``contract`` flag fuses them in :func:`exp`)."""
-    vf = x.type
-    vi = ir.VectorType(ir.IntType(32), vf.count)
-    flags = ("contract",)
-    fl = lambda v: irb.const(vf, float(v))  # noqa: E731  (float32 constants, exact as float64)
-    mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
-    add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
-    sub = lambda a, b: builder.fsub(a, b, flags=flags)  # noqa: E731
-    floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]), f"llvm.floor.v{vf.count}f32")
-    xc = builder.select(builder.fcmp_ordered(">", x, fl(_EXP_LO)), x, fl(_EXP_LO))
-    xc = builder.select(builder.fcmp_ordered("<", xc, fl(_EXP_HI)), xc, fl(_EXP_HI))
-    n = builder.call(floor, [add(mul(xc, fl(_LOG2E)), fl(_HALF))])
-    r = sub(xc, mul(n, fl(_LN2_HI)))
-    r = sub(r, mul(n, fl(_LN2_LO)))
-    poly = add(fl(_EXP_C3), mul(r, fl(_EXP_C4)))
-    poly = add(fl(_EXP_C2), mul(r, poly))
-    poly = add(fl(_EXP_C1), mul(r, poly))
-    poly = add(fl(_EXP_C0), mul(r, poly))
-    p = add(fl(_ONE), add(r, mul(mul(r, r), poly)))
-    n1 = builder.call(floor, [mul(n, fl(_HALF))])
-
-    def pow2(v):
-        bits = builder.shl(builder.fptosi(add(v, fl(127.0)), vi), irb.const(vi, 23))
-        return builder.bitcast(bits, vf)
-
-    y = mul(mul(p, pow2(n1)), pow2(sub(n, n1)))
-    return builder.select(builder.fcmp_ordered("==", x, x), y, x)
-
-
-def _rational_ir(o, x, ps, qs, sat):
-    a = o.abs(x)
-    t = o.mul(a, a)
-    r = o.div(o.mul(a, o.horner(t, ps)), o.horner(t, (_ONE,) + qs))
-    r = o.select(o.gt(r, _ONE), _ONE, r)
-    r = o.select(o.ge(a, sat), _ONE, r)
-    return o.copysign(r, x)
-
-
-def tanh_ir(builder, x):
-    """:func:`tanh` in IR on a float32 scalar or ``<L x float>`` vector: the same operations in
-    the same order (``tests/test_vmath.py`` checks equal bits). For loops that LLVM's
-    vectoriser would run in 256-bit vectors, or that store with streaming stores."""
-    return _rational_ir(irb.FOps(builder, x.type), x, (_TANH_P0, _TANH_P1, _TANH_P2, _TANH_P3, _TANH_P4),
-                        (_TANH_Q1, _TANH_Q2, _TANH_Q3, _TANH_Q4), _TANH_SAT)
-
-
-def erf_ir(builder, x):
-    """:func:`erf` in IR, as :func:`tanh_ir`."""
-    return _rational_ir(irb.FOps(builder, x.type), x, (_ERF_P0, _ERF_P1, _ERF_P2, _ERF_P3, _ERF_P4, _ERF_P5),
-                        (_ERF_Q1, _ERF_Q2, _ERF_Q3, _ERF_Q4, _ERF_Q5), _ERF_SAT)
-
-
 _EXP_LANES = 16
 
 
@@ -342,8 +414,8 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
     """``p[base + j] = round_as(like, exp(s[base + j] - m))`` for ``j < c``; returns the float32 sum
     of the unrounded exps (the ``l`` of a softmax row).
 
-    :func:`exp` in 512-bit vectors (LLVM's vectoriser picks 256-bit on this CPU, and a softmax
-    tile spent most of its time there), the sum in 16 lane partial sums folded in halves at the
+    :func:`exp` in 512-bit vectors (LLVM's vectoriser may pick 256-bit, ``machine/jit.py``, and a
+    softmax tile spent most of its time here), the sum in 16 lane partial sums folded in halves at the
     end, then the < 16 last elements one at a time (a fixed order: the bits do not depend on
     how the loop was compiled). ``like``: an array whose kernel dtype (float32, uint16 = bf16,
     int16 = fp16) gives the rounding of p; ``s`` and ``p`` flat float32 (may be the same array).
@@ -373,7 +445,7 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
             else:
                 sp = builder.bitcast(builder.gep(s_arr.data, [off]), vf.as_pointer())
                 xv = builder.fsub(builder.load(sp, align=4), irb.splat(builder, mval, vf))
-            e = _exp_ir(builder, xv)
+            e = exp_ir(builder, xv)
             r = irb.round_ir(builder, e, like_t)
             pp = builder.bitcast(builder.gep(p_arr.data, [off]), vf.as_pointer())
             builder.store(r, pp, align=4)
