@@ -126,6 +126,21 @@ _span_tanh = _gelu_span(False)
 _span_erf = _gelu_span(True)
 
 
+@device(fastmath=set(vmath.VMATH_FASTMATH))
+def _span_plain(x, x_off, dst, d_off, n, use_erf):
+    """:func:`_gelu_span` as a plain numba loop, the readable reference: the same operations in
+    the same order (``contract`` only, as the IR), so the same bits (``tests/test_ir.py``); it
+    has no streaming stores and LLVM picks its vector width."""
+    for i in range(n):
+        v = dtypes.widen(x[x_off + i])
+        if use_erf:
+            t = vmath.erf(v * np.float32(INV_SQRT2))
+        else:
+            t = vmath.tanh((v * v * np.float32(CUBIC) * v + v) * np.float32(SQRT_2_OVER_PI))
+        y = (np.float32(0.5) * v) * (np.float32(1.0) + t)
+        dst[d_off + i] = dtypes.narrow(dst, np.float32(0.0) if v == NEG_INF else y)
+
+
 @device
 def _tile_storage_math(x, x_off, dst, d_off, n, use_erf):
     """Every intermediate rounded to x's storage dtype (a kernel written in the input dtype)."""

@@ -136,6 +136,25 @@ def stream_gather_rows(typingctx, dst, src, ids, r0, row, off, nbytes, joins):
     return types.void(dst, src, ids, types.uint64, types.uint64, types.uint64, types.uint64, types.uint64), codegen
 
 
+@device
+def gather_rows_plain(dst, src, ids, r0, row, off, nbytes, joins):
+    """:func:`stream_gather_rows` as plain numba loops, the readable reference (the same elements
+    written; plain stores, no alignment needed): the rows, then the join lines."""
+    size = np.uint64(dst.itemsize)
+    n = nbytes // size
+    L = np.uint64(LINE) // size
+    one = np.uint64(1)
+    for k in range(GATHER_ROWS):
+        r = r0 + np.uint64(k)
+        copy(src, np.uint64(ids[r]) * row + off, dst, r * row + off, n)
+    for k in range(joins):
+        r = r0 + np.uint64(k)
+        tail = L - off  # the end of src row ids[r], then the start of src row ids[r + 1]
+        at = (r + one) * row + off - L
+        copy(src, (np.uint64(ids[r]) + one) * row - tail, dst, at, tail)
+        copy(src, np.uint64(ids[r + one]) * row, dst, at + tail, off)
+
+
 @intrinsic
 def store_fence(typingctx):
     """A full memory fence (``mfence``): streaming stores are weakly ordered, so each task that
