@@ -97,10 +97,29 @@ def _row_elem(w_flat, ids, e, uH):
 
 
 @device
-def _stream_range(w_flat, ids, out_flat, e, stop, uH, L, line):
+def _stream_range(
+    w_flat,
+    ids,
+    out_flat,
+    e,
+    stop,
+    uH,
+    L,
+    line,
+):
     """Whole lines of ``out_flat[e:stop]`` (``e`` and ``stop`` on line boundaries, uint64) from
     their weight rows by streaming stores, in order; a line that straddles rows is assembled in
-    ``line`` (a LINE-byte scratch) first."""
+    ``line`` (a LINE-byte scratch) first.
+
+    Parameters
+    ----------
+    w_flat, out_flat : the flat weight and output (copy views of one itemsize)
+    ids : the flat ids
+    e, stop : uint64 element range of ``out_flat``, both on line boundaries
+    uH : the row length H (uint64)
+    L : elements per line (uint64)
+    line : a LINE-byte scratch
+    """
     size = np.uint64(out_flat.itemsize)
     while e < stop:
         r = e // uH
@@ -117,13 +136,34 @@ def _stream_range(w_flat, ids, out_flat, e, stop, uH, L, line):
 
 
 @device
-def _stream_rows_lockstep(w_flat, ids, out_flat, r0, r1, uH, L, p, line):
+def _stream_rows_lockstep(
+    w_flat,
+    ids,
+    out_flat,
+    r0,
+    r1,
+    uH,
+    L,
+    p,
+    line,
+):
     """Rows ``r0 .. r1`` when every row is a whole number of lines (``H % L == 0``) and each
     output row's first line boundary is ``p`` elements into it: the rows' whole lines go out
     GATHER_ROWS rows at a time (:func:`~pypto_numba.machine.tile.stream_gather_rows`), with the
     line between each two rows when ``p > 0`` (the end of one and the start of the next); the
     last rows one by one, their joins assembled in ``line``. The first ``p`` and the last
-    ``L - p`` elements of the range are the caller's."""
+    ``L - p`` elements of the range are the caller's.
+
+    Parameters
+    ----------
+    w_flat, out_flat : the flat weight and output (copy views of one itemsize)
+    ids : the flat ids
+    r0, r1 : the output rows
+    uH : the row length H (uint64, a multiple of ``L``)
+    L : elements per line (uint64)
+    p : elements from an output row's start to its first line boundary (uint64, < L)
+    line : a LINE-byte scratch
+    """
     size = np.uint64(out_flat.itemsize)
     nbytes = (uH // L - (np.uint64(1) if p else np.uint64(0))) * L * size  # whole lines in a row
     for g0 in range(r0, r1, GATHER_ROWS):
@@ -147,10 +187,27 @@ def _stream_rows_lockstep(w_flat, ids, out_flat, r0, r1, uH, L, p, line):
 
 
 @device
-def _gather_stream(w_flat, ids, out_flat, r0, r1, uH, line):
+def _gather_stream(
+    w_flat,
+    ids,
+    out_flat,
+    r0,
+    r1,
+    uH,
+    line,
+):
     """Output rows ``r0 .. r1`` (a contiguous range of ``out_flat``) by whole-line streaming
     stores (rows of whole lines: :func:`_stream_rows_lockstep`); the partial lines at the two
-    ends with plain stores. ``line``: a LINE-byte scratch."""
+    ends with plain stores. ``line``: a LINE-byte scratch.
+
+    Parameters
+    ----------
+    w_flat, out_flat : the flat weight and output (copy views of one itemsize)
+    ids : the flat ids
+    r0, r1 : the output rows
+    uH : the row length H (uint64)
+    line : a LINE-byte scratch
+    """
     size = np.uint64(out_flat.itemsize)
     L = np.uint64(LINE) // size  # elements per line
     e0 = np.uint64(r0) * uH
@@ -168,11 +225,29 @@ def _gather_stream(w_flat, ids, out_flat, r0, r1, uH, line):
 
 
 @device
-def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
+def _gather_stream_cols(
+    w_flat,
+    ids,
+    out_flat,
+    r0,
+    r1,
+    uH,
+    hb,
+    vh,
+):
     """Columns ``hb .. hb + vh`` of output rows ``r0 .. r1`` (a task of a plan that splits H):
     each row's run by whole-line streaming stores, GATHER_ROWS rows at a time when all rows are
     a whole number of lines (then every run starts at the same offset within a line); the partial
-    lines at a run's two ends (shared with the next column tile's task) with plain stores."""
+    lines at a run's two ends (shared with the next column tile's task) with plain stores.
+
+    Parameters
+    ----------
+    w_flat, out_flat : the flat weight and output (copy views of one itemsize)
+    ids : the flat ids
+    r0, r1 : the output rows
+    uH : the row length H (uint64)
+    hb, vh : the column tile's first column and width
+    """
     size = np.uint64(out_flat.itemsize)
     L = np.uint64(LINE) // size
     uhb = np.uint64(hb)
@@ -207,10 +282,29 @@ def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
 
 
 @kernel(boundscheck=False)
-def _gather_kernel(weight, ids, out, row_tile, h_tile, stream, lines):
-    """``stream``: whole-line streaming stores, of the task's contiguous output rows when it holds
-    whole rows (``h_tile >= H``; ``lines``: per-thread LINE-byte scratch), else of each row's run
-    of columns; else plain row copies."""
+def _gather_kernel(
+    weight,
+    ids,
+    out,
+    row_tile,
+    h_tile,
+    stream,
+    lines,
+):
+    """``out[i] = weight[ids[i]]``, one prange task per tile of ids x columns -> the cost counters.
+    With ``stream``: whole-line streaming stores, of the task's contiguous output rows when it
+    holds whole rows (``h_tile >= H``), else of each row's run of columns; else plain row copies
+    (the readable form of the streamed paths: ``tests/test_ir.py`` holds the two bit-equal).
+
+    Parameters
+    ----------
+    weight : ``[V, H]`` copy view (uint32 for fp32, uint16 for bf16/fp16 bits)
+    ids : flat int32/int64 ids, all in ``[0, V)``
+    out : ``[ids.size, H]`` copy view
+    row_tile, h_tile : the plan's tile of ids by columns
+    stream : whole lines with streaming stores, fenced at the end of each task
+    lines : per-thread LINE-byte scratch ``[threads, L]``
+    """
     n = ids.size
     H = weight.shape[1]
     uH = np.uint64(H)

@@ -61,7 +61,9 @@ MATHS = ("fp32", "storage")
 # stores from registers for large outputs; the storage-math mode stays a numba loop. Offsets are
 # uint64 (machine/jit.py).
 
-VARIANT = {"tanh": 0, "erf": 1}
+TANH = 0  # the kernels' ``variant`` codes
+ERF = 1
+VARIANT = {"tanh": TANH, "erf": ERF}
 
 
 def _gelu_ir(builder, v, use_erf):
@@ -162,17 +164,55 @@ def _tile_storage_math(x, x_off, dst, d_off, n, use_erf):
 
 
 @device(forceinline=True)
-def _tile(x, x_off, dst, d_off, n, variant, storage_math, stream):
+def _tile(
+    x,
+    x_off,
+    dst,
+    d_off,
+    n,
+    variant,
+    storage_math,
+    stream,
+):
+    """One UB tile ``dst[d_off:][:n] = gelu(x[x_off:][:n])``.
+
+    Parameters
+    ----------
+    x, dst : flat kernel views of one storage dtype
+    x_off, d_off, n : uint64 element offsets and count
+    variant : ``TANH`` or ``ERF``
+    storage_math : round every intermediate to the storage dtype (a numba loop)
+    stream : whole lines with streaming stores (the caller fences)
+    """
     if storage_math:
-        _tile_storage_math(x, x_off, dst, d_off, n, variant == 1)
-    elif variant == 1:
+        _tile_storage_math(x, x_off, dst, d_off, n, variant == ERF)
+    elif variant == ERF:
         _span_erf(x, x_off, dst, d_off, n, stream)
     else:
         _span_tanh(x, x_off, dst, d_off, n, stream)
 
 
 @kernel
-def _gelu_kernel(x, out, tile, variant, storage_math, ops_per_elem, stream):
+def _gelu_kernel(
+    x,
+    out,
+    tile,
+    variant,
+    storage_math,
+    ops_per_elem,
+    stream,
+):
+    """GELU of flat ``x`` into flat ``out``, one prange task per tile -> the cost counters.
+
+    Parameters
+    ----------
+    x, out : flat kernel views of one storage dtype (``out`` may be ``x``)
+    tile : UB tile in elements (the last task is a valid-shape tail)
+    variant : ``TANH`` or ``ERF``
+    storage_math : round every intermediate to the storage dtype
+    ops_per_elem : vector ops counted per element
+    stream : whole lines with streaming stores, fenced at the end of each task
+    """
     n = x.size
     n_tiles = (n + tile - 1) // tile
     itemsize = x.itemsize

@@ -57,7 +57,17 @@ GATHER_ROWS = 8
 
 
 @intrinsic
-def stream_gather_rows(typingctx, dst, src, ids, r0, row, off, nbytes, joins):
+def stream_gather_rows(
+    typingctx,
+    dst,
+    src,
+    ids,
+    r0,
+    row,
+    off,
+    nbytes,
+    joins,
+):
     """For ``k`` in ``0 .. GATHER_ROWS - 1``: ``nbytes`` (a multiple of 64) of ``src`` from element
     ``ids[r0 + k] * row + off`` to ``dst`` at ``(r0 + k) * row + off``, with 64-byte streaming stores;
     then, for ``k < joins``, the line just before dst row ``r0 + k + 1``'s first streamed one.
@@ -80,6 +90,16 @@ def stream_gather_rows(typingctx, dst, src, ids, r0, row, off, nbytes, joins):
     ``ids[r0 + k + 1]``, read with masked loads (no element outside the two rows is touched). The
     joins of a call share one page offset too, so all are loaded (after the last step) before
     any is stored (assembling them one at a time in a scratch was slower).
+
+    Parameters
+    ----------
+    dst, src : 1-D arrays of one itemsize (the output and the weight, flat)
+    ids : 1-D integer ids, each a row of ``src``
+    r0 : the first output row of the group (uint64)
+    row : elements per row (uint64)
+    off : element offset of the streamed part in each row (uint64; ``dst`` there line-aligned)
+    nbytes : bytes streamed per row, a multiple of 64 (uint64)
+    joins : how many join lines to write after the rows (uint64, <= GATHER_ROWS)
     """
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and isinstance(ids, types.Array)
             and dst.ndim == 1 and src.ndim == 1 and ids.ndim == 1 and isinstance(ids.dtype, types.Integer)
