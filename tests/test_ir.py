@@ -159,3 +159,34 @@ def test_embedding_streamed_equals_plain(name, H, h_tile):
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[1], w.view(view)[ids])
+
+
+def test_load_widen_fp16_by_hardware_equals_the_integer_code():
+    """load_widen's two fp16 forms give the same float32 for every 16-bit pattern (NaN: both NaN)."""
+
+    @intrinsic
+    def widen_both(typingctx, h, a, b):
+        def codegen(context, builder, sig, args):
+            ha, aa, ba = (context.make_array(t)(context, builder, v) for t, v in zip(sig.args, args))
+            vf = ir.VectorType(ir.FloatType(), 16)
+
+            def body(j):
+                for out, hw in ((aa, False), (ba, True)):
+                    v = irb.load_widen(builder, ha.data, j, types.int16, 16, align=2, fp16_hw=hw)
+                    builder.store(v, irb.ptr(builder, out.data, j, vf), align=4)
+
+            irb.steps(builder, ir.Constant(ir.IntType(64), 0), ir.Constant(ir.IntType(64), (1 << 16) // 16), 16, body)
+            return context.get_dummy_value()
+
+        return types.void(h, a, b), codegen
+
+    @numba.njit
+    def run(h, a, b):
+        widen_both(h, a, b)
+
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.int16)
+    a, b = np.empty(1 << 16, np.float32), np.empty(1 << 16, np.float32)
+    run(h, a, b)
+    nan = np.isnan(a)
+    assert np.array_equal(nan, np.isnan(b))
+    np.testing.assert_array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32))

@@ -12,7 +12,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 
-from .convert import narrow_ir, widen_ir
+from .convert import fp16_value_hw, narrow_ir, widen_ir
 from .vector import I32
 
 
@@ -31,12 +31,16 @@ def load(builder, data, off, ty, align):
     return builder.load(ptr(builder, data, off, ty), align=align)
 
 
-def load_widen(builder, data, off, kind, lanes, align=1):
+def load_widen(builder, data, off, kind, lanes, align=1, fp16_hw=False):
     """``lanes`` kernel-view elements of ``kind`` at flat element ``off`` -> float32 (a scalar for
-    ``lanes == 1``, else ``<lanes x float>``), exactly widened."""
+    ``lanes == 1``, else ``<lanes x float>``), exactly widened; ``fp16_hw``: fp16 by the hardware
+    conversion (:func:`~.convert.fp16_value_hw`, the same values) instead of integer code."""
     raw = raw_type(kind)
     rty = raw if lanes == 1 else ir.VectorType(raw, lanes)
-    return widen_ir(builder, builder.load(ptr(builder, data, off, rty), align=align), kind, lanes)
+    v = builder.load(ptr(builder, data, off, rty), align=align)
+    if fp16_hw and kind == types.int16:
+        return fp16_value_hw(builder, v, lanes)
+    return widen_ir(builder, v, kind, lanes)
 
 
 def store_narrow(builder, v, data, off, kind, lanes, align=1, nontemporal=False):
