@@ -24,8 +24,7 @@ many whole rows would take more than half of UB (the other half is the double bu
 task; PyPTO's embedding gathers whole rows), down to the fewest ids that fill a 32-byte block;
 ``h_tile`` is the largest 32-byte-aligned width for which the row tile fits that half, capped at
 H rounded up to the alignment: whole rows unless even that few are larger than half of UB (or
-``row_tile`` is given). Split rows cost the CPU too: weight[151936, 2048] fp32, ids[8, 2048] ran
-at 0.79x of copy in tiles of 16 rows x 1536 columns, 0.89x in tiles of 8 whole rows.
+``row_tile`` is given). Split rows cost the CPU too (a row's run of lines is cut in two).
 
 On the CPU a row gather is a memcpy per row with no conversion (16-bit rows are copied as
 ``uint16`` bits). When a task holds whole rows (``h_tile >= H``, the default for typical hidden
@@ -36,15 +35,12 @@ whole lines go out ``GATHER_ROWS`` at a time, a line of each loaded before any i
 (:func:`stream_gather_rows`). A fresh result starts at the same offset within a page as the
 weight, so each whole output line comes from one weight line and no load waits for a store to
 the same page offset (an ``out=`` at another offset within a line works, with every load
-straddling two lines: 0.85x). A task of a column tile streams each row's run of whole lines the
+straddling two lines). A task of a column tile streams each row's run of whole lines the
 same way, GATHER_ROWS rows at a time, and writes the partial lines at the run's two ends with
-plain stores. ``out=`` reuses a result array: a fresh 64 MB result costs its page faults (the OS
-zeroes every new page), which is about as much as the gather itself.
-
-Where the weight sits matters a little. weight[151936, 2048] bf16, ids[8, 2048], out in phase,
-2 threads, against the prange copy of the output's bytes: rows starting on a page boundary
-0.88-0.91x of copy; NumPy's large arrays (16 bytes into a page, so every output row shares a
-line with the next: the joins of :func:`stream_gather_rows`) 0.82-0.85x.
+plain stores. ``out=`` reuses a result array: a fresh result costs its page faults (the OS
+zeroes every new page), which is about as much as the gather itself. Rows of NumPy's large
+arrays start 16 bytes into a page, so every output row shares a line with the next (the joins of
+:func:`stream_gather_rows`).
 """
 
 from __future__ import annotations
@@ -58,6 +54,7 @@ from numba import prange
 from . import inputs
 from .errors import DTypeError, ShapeError
 from .machine import dtypes
+from .machine.ir.lines import first_line
 from .machine.jit import device, kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
@@ -84,15 +81,12 @@ _COPY_VIEW = {"fp32": np.uint32, "bf16": np.uint16, "fp16": np.uint16}  # bits a
 # streaming stores of whole cache lines (machine.tile.stream_lines)
 #
 # A row gather is a memcpy per row, and a memcpy of a large block runs at memory speed only
-# with non-temporal stores (a plain store first reads the destination line: 3 bytes of DRAM
-# traffic for 2). Measured on the 2-core Xeon (64 MB out, medians of alternating runs against
-# the prange copy peer): plain row copies 0.52-0.59x of copy, 32-byte streaming stores per row
-# 0.50x, 64-byte (whole-line) streaming stores 0.80-0.81x. Whole lines matter: a line written
-# in two 32-byte halves can be flushed from the write-combining buffer half-full. A line that
-# gets both plain and streaming stores is the worst case (the plain store pulls the line in,
-# the streaming store evicts it again), so a task streams every whole line of its contiguous
-# output range, also the lines that straddle two rows (assembled in a 64-byte scratch), and
-# writes only the partial lines at its two ends with plain stores.
+# with non-temporal stores of whole lines (a line written in two 32-byte halves can be flushed
+# from the write-combining buffer half-full). A line that gets both plain and streaming stores
+# is the worst case (the plain store pulls the line in, the streaming store evicts it again), so
+# a task streams every whole line of its contiguous output range, also the lines that straddle
+# two rows (assembled in a 64-byte scratch), and writes only the partial lines at its two ends
+# with plain stores (machine/ir/lines.py cuts the range).
 
 
 @device
@@ -103,20 +97,29 @@ def _row_elem(w_flat, ids, e, uH):
 
 
 @device
-def _first_line(out_flat, e, stop):
-    """The first element of ``out_flat[e:stop]`` that starts a 64-byte line (``stop`` when none
-    does); uint64, ``out_flat`` a whole number of elements off a line."""
-    size = np.uint64(out_flat.itemsize)
-    L = np.uint64(LINE) // size
-    mis = (np.uint64(out_flat.ctypes.data) + e * size) % np.uint64(LINE) // size
-    return min(e + (L - mis) % L, stop)
-
-
-@device
-def _stream_range(w_flat, ids, out_flat, e, stop, uH, L, line):
+def _stream_range(
+    w_flat,
+    ids,
+    out_flat,
+    e,
+    stop,
+    uH,
+    L,
+    line,
+):
     """Whole lines of ``out_flat[e:stop]`` (``e`` and ``stop`` on line boundaries, uint64) from
     their weight rows by streaming stores, in order; a line that straddles rows is assembled in
-    ``line`` (a LINE-byte scratch) first."""
+    ``line`` (a LINE-byte scratch) first.
+
+    Parameters
+    ----------
+    w_flat, out_flat : the flat weight and output (copy views of one itemsize)
+    ids : the flat ids
+    e, stop : uint64 element range of ``out_flat``, both on line boundaries
+    uH : the row length H (uint64)
+    L : elements per line (uint64)
+    line : a LINE-byte scratch
+    """
     size = np.uint64(out_flat.itemsize)
     while e < stop:
         r = e // uH
@@ -133,13 +136,34 @@ def _stream_range(w_flat, ids, out_flat, e, stop, uH, L, line):
 
 
 @device
-def _stream_rows_lockstep(w_flat, ids, out_flat, r0, r1, uH, L, p, line):
+def _stream_rows_lockstep(
+    w_flat,
+    ids,
+    out_flat,
+    r0,
+    r1,
+    uH,
+    L,
+    p,
+    line,
+):
     """Rows ``r0 .. r1`` when every row is a whole number of lines (``H % L == 0``) and each
     output row's first line boundary is ``p`` elements into it: the rows' whole lines go out
     GATHER_ROWS rows at a time (:func:`~pypto_numba.machine.tile.stream_gather_rows`), with the
     line between each two rows when ``p > 0`` (the end of one and the start of the next); the
     last rows one by one, their joins assembled in ``line``. The first ``p`` and the last
-    ``L - p`` elements of the range are the caller's."""
+    ``L - p`` elements of the range are the caller's.
+
+    Parameters
+    ----------
+    w_flat, out_flat : the flat weight and output (copy views of one itemsize)
+    ids : the flat ids
+    r0, r1 : the output rows
+    uH : the row length H (uint64, a multiple of ``L``)
+    L : elements per line (uint64)
+    p : elements from an output row's start to its first line boundary (uint64, < L)
+    line : a LINE-byte scratch
+    """
     size = np.uint64(out_flat.itemsize)
     nbytes = (uH // L - (np.uint64(1) if p else np.uint64(0))) * L * size  # whole lines in a row
     for g0 in range(r0, r1, GATHER_ROWS):
@@ -163,15 +187,32 @@ def _stream_rows_lockstep(w_flat, ids, out_flat, r0, r1, uH, L, p, line):
 
 
 @device
-def _gather_stream(w_flat, ids, out_flat, r0, r1, uH, line):
+def _gather_stream(
+    w_flat,
+    ids,
+    out_flat,
+    r0,
+    r1,
+    uH,
+    line,
+):
     """Output rows ``r0 .. r1`` (a contiguous range of ``out_flat``) by whole-line streaming
     stores (rows of whole lines: :func:`_stream_rows_lockstep`); the partial lines at the two
-    ends with plain stores. ``line``: a LINE-byte scratch."""
+    ends with plain stores. ``line``: a LINE-byte scratch.
+
+    Parameters
+    ----------
+    w_flat, out_flat : the flat weight and output (copy views of one itemsize)
+    ids : the flat ids
+    r0, r1 : the output rows
+    uH : the row length H (uint64)
+    line : a LINE-byte scratch
+    """
     size = np.uint64(out_flat.itemsize)
     L = np.uint64(LINE) // size  # elements per line
     e0 = np.uint64(r0) * uH
     e1 = np.uint64(r1) * uH
-    a = _first_line(out_flat, e0, e1)
+    a = first_line(out_flat, e0, e1)
     b = a + (e1 - a) // L * L  # end of the last whole line
     for e in range(e0, a):
         out_flat[e] = _row_elem(w_flat, ids, e, uH)
@@ -184,18 +225,36 @@ def _gather_stream(w_flat, ids, out_flat, r0, r1, uH, line):
 
 
 @device
-def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
+def _gather_stream_cols(
+    w_flat,
+    ids,
+    out_flat,
+    r0,
+    r1,
+    uH,
+    hb,
+    vh,
+):
     """Columns ``hb .. hb + vh`` of output rows ``r0 .. r1`` (a task of a plan that splits H):
     each row's run by whole-line streaming stores, GATHER_ROWS rows at a time when all rows are
     a whole number of lines (then every run starts at the same offset within a line); the partial
-    lines at a run's two ends (shared with the next column tile's task) with plain stores."""
+    lines at a run's two ends (shared with the next column tile's task) with plain stores.
+
+    Parameters
+    ----------
+    w_flat, out_flat : the flat weight and output (copy views of one itemsize)
+    ids : the flat ids
+    r0, r1 : the output rows
+    uH : the row length H (uint64)
+    hb, vh : the column tile's first column and width
+    """
     size = np.uint64(out_flat.itemsize)
     L = np.uint64(LINE) // size
     uhb = np.uint64(hb)
     uvh = np.uint64(vh)
     for r in range(r0, r1):  # the partial lines (a run shorter than a line is all partial)
         e0 = np.uint64(r) * uH + uhb
-        a = _first_line(out_flat, e0, e0 + uvh)
+        a = first_line(out_flat, e0, e0 + uvh)
         b = a + (e0 + uvh - a) // L * L
         src = np.uint64(ids[r]) * uH + uhb
         for c in range(a - e0):
@@ -206,7 +265,7 @@ def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
             stream_lines(out_flat, a, w_flat, src + (a - e0), (b - a) * size)
     if uH % L == 0:
         e0 = np.uint64(r0) * uH + uhb
-        a = _first_line(out_flat, e0, e0 + uvh)
+        a = first_line(out_flat, e0, e0 + uvh)
         nbytes = (e0 + uvh - a) // L * L * size
         off = uhb + (a - e0)
         if nbytes:
@@ -223,10 +282,29 @@ def _gather_stream_cols(w_flat, ids, out_flat, r0, r1, uH, hb, vh):
 
 
 @kernel(boundscheck=False)
-def _gather_kernel(weight, ids, out, row_tile, h_tile, stream, lines):
-    """``stream``: whole-line streaming stores, of the task's contiguous output rows when it holds
-    whole rows (``h_tile >= H``; ``lines``: per-thread LINE-byte scratch), else of each row's run
-    of columns; else plain row copies."""
+def _gather_kernel(
+    weight,
+    ids,
+    out,
+    row_tile,
+    h_tile,
+    stream,
+    lines,
+):
+    """``out[i] = weight[ids[i]]``, one prange task per tile of ids x columns -> the cost counters.
+    With ``stream``: whole-line streaming stores, of the task's contiguous output rows when it
+    holds whole rows (``h_tile >= H``), else of each row's run of columns; else plain row copies
+    (the readable form of the streamed paths: ``tests/test_ir.py`` holds the two bit-equal).
+
+    Parameters
+    ----------
+    weight : ``[V, H]`` copy view (uint32 for fp32, uint16 for bf16/fp16 bits)
+    ids : flat int32/int64 ids, all in ``[0, V)``
+    out : ``[ids.size, H]`` copy view
+    row_tile, h_tile : the plan's tile of ids by columns
+    stream : whole lines with streaming stores, fenced at the end of each task
+    lines : per-thread LINE-byte scratch ``[threads, L]``
+    """
     n = ids.size
     H = weight.shape[1]
     uH = np.uint64(H)
@@ -251,10 +329,8 @@ def _gather_kernel(weight, ids, out, row_tile, h_tile, stream, lines):
             store_fence()
         else:
             for r in range(rb, rb + vr):
-                # ids were range-checked before the launch. Flat views and uint64 indices: numba
-                # wraps negative int indices, and with a run-time offset that select stops LLVM
-                # from vectorising the row copy; no per-row views either (a view bumps the shared
-                # array's reference count atomically, from both threads on one cache line).
+                # ids were range-checked before the launch; flat views, uint64 indices and no
+                # per-row views (machine/jit.py)
                 src = np.uint64(ids[r]) * uH + ob
                 dst = np.uint64(r) * uH + ob
                 for c in range(np.uint64(vh)):
@@ -483,7 +559,7 @@ def gather(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None):
     """``weight[ids]``: ``weight[V, H]``, int32/int64 ``ids`` of any shape -> ``[*ids.shape, H]``.
 
     ``out``: optional preallocated result (C-contiguous, the weight's dtype, ``[*ids.shape, H]``);
-    reusing it saves the page faults of a fresh result (~10-20 ms for 64 MB on this machine).
+    reusing it saves the page faults of a fresh result.
     """
     return _call("gather", weight, ids, profile, row_tile, h_tile, out)
 

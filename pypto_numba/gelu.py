@@ -27,14 +27,13 @@ from __future__ import annotations
 import math as _math
 
 import numpy as np
-from llvmlite import ir
 from numba import prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import inputs
 from .errors import ConstraintError, DTypeError
 from .machine import dtypes, vmath
+from .machine import ir as irb
 from .machine.jit import device, kernel
 from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
@@ -57,14 +56,14 @@ MATHS = ("fp32", "storage")
 # ---------------------------------------------------------------------------------------------
 # kernels: one prange iteration = one UB tile (a pypto.loop iteration on an AI vector core)
 #
-# Each tile is widened to fp32, computed and cast straight into the GM output, one 64-byte line
-# per step in LLVM IR (_gelu_span; the storage-math mode stays a numba loop), with streaming
-# stores from registers for large outputs. (Staging the tile in UB and copying it out with
-# streaming stores, machine/tile.py, measured slower: the extra pass costs as much as it saves.)
-# Offsets are uint64: signed offsets keep numba's negative-index check, which stops the loops
-# from vectorising (measured 7x slower).
+# Each tile is widened to fp32, computed and cast straight into the GM output in LLVM IR
+# (_gelu_span: the line_span template of machine/ir/lines.py around the math), with streaming
+# stores from registers for large outputs; the storage-math mode stays a numba loop. Offsets are
+# uint64 (machine/jit.py).
 
-VARIANT = {"tanh": 0, "erf": 1}
+TANH = 0  # the kernels' ``variant`` codes
+ERF = 1
+VARIANT = {"tanh": TANH, "erf": ERF}
 
 
 def _gelu_ir(builder, v, use_erf):
@@ -77,7 +76,7 @@ def _gelu_ir(builder, v, use_erf):
     GELU(-inf) = 0 (the formula gives -inf * 0 = nan). This is the order LLVM gave the first
     (numba loop) version of the kernel, ``0.5*v*(1 + tanh(c*(v + 0.044715*v**3)))``
     reassociated: the results are bit-identical to it."""
-    o = vmath._FOps(builder, v.type)
+    o = irb.FOps(builder, v.type)
     if use_erf:
         t = vmath.erf_ir(builder, o.mul(v, INV_SQRT2))
     else:
@@ -95,11 +94,8 @@ def _gelu_span(use_erf):
         per step (16 fp32 or 32 16-bit lanes in 512-bit vectors), then the rest one at a time.
         ``stream``: the whole lines are written with streaming stores (the caller fences, and
         checks that ``dst`` is a whole number of elements off a line and is not just past ``x``
-        within a page: :func:`tile.streams_apart`).
-
-        The numba loop this replaces ran in LLVM's 256-bit vectors, compute-bound (the division
-        of tanh/erf, the casts): 0.39-0.40x copy bandwidth for fp32 (x[64M], out=, 2 threads),
-        0.21x for bf16.
+        within a page: :func:`tile.streams_apart`). Explicit 512-bit vectors: the plain loop
+        (:func:`_span_plain`, same bits) gets LLVM's choice (``machine/jit.py``), compute-bound.
         """
         if not (isinstance(x, types.Array) and isinstance(dst, types.Array) and x.dtype == dst.dtype
                 and x.dtype in (types.float32, types.uint16, types.int16)):
@@ -110,41 +106,17 @@ def _gelu_span(use_erf):
             d_arr = context.make_array(sig.args[2])(context, builder, args[2])
             xo, do, cnt, stream_ = args[1], args[3], args[4], args[5]
             kind = sig.args[0].dtype
-            raw = context.get_data_type(kind)
-            size = context.get_abi_sizeof(raw)
-            i64 = ir.IntType(64)
-            c = lambda v: ir.Constant(i64, v)  # noqa: E731
 
-            nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+            def step(start, count, lanes, nt):
+                def body(j):
+                    v = irb.load_widen(builder, x_arr.data, builder.add(xo, j), kind, lanes)
+                    irb.store_narrow(builder, _gelu_ir(builder, v, use_erf), d_arr.data, builder.add(do, j), kind,
+                                     lanes, align=LINE if nt else 1, nontemporal=nt)
 
-            def steps(start, count, lanes, nt=False):
-                rty = raw if lanes == 1 else ir.VectorType(raw, lanes)
-                with cgutils.for_range(builder, count) as loop:
-                    j = builder.add(start, builder.mul(loop.index, c(lanes)))
-                    xp = builder.bitcast(builder.gep(x_arr.data, [builder.add(xo, j)]), rty.as_pointer())
-                    v = dtypes.widen_ir(builder, builder.load(xp, align=1), kind, lanes)
-                    y = dtypes.narrow_ir(builder, _gelu_ir(builder, v, use_erf), kind, lanes)
-                    dp = builder.bitcast(builder.gep(d_arr.data, [builder.add(do, j)]), rty.as_pointer())
-                    if nt:
-                        builder.store(y, dp, align=LINE).set_metadata("nontemporal", nontemporal)
-                    else:
-                        builder.store(y, dp, align=1)
+                irb.steps(builder, start, count, lanes, body)
 
-            # elements before dst's first line boundary (at most the whole span): the lines
-            # after it are stored whole, never split across two lines
-            addr = builder.ptrtoint(builder.gep(d_arr.data, [do]), i64)
-            pre = builder.udiv(builder.urem(builder.sub(c(LINE), builder.urem(addr, c(LINE))), c(LINE)), c(size))
-            pre = builder.select(builder.icmp_unsigned("<", pre, cnt), pre, cnt)
-            lanes = LINE // size
-            lines = builder.udiv(builder.sub(cnt, pre), c(lanes))
-            body = builder.mul(lines, c(lanes))
-            steps(c(0), pre, 1)
-            with builder.if_else(builder.trunc(stream_, ir.IntType(1))) as (streamed, plain):
-                with streamed:
-                    steps(pre, lines, lanes, True)
-                with plain:
-                    steps(pre, lines, lanes)
-            steps(builder.add(pre, body), builder.sub(builder.sub(cnt, pre), body), 1)
+            size = context.get_abi_sizeof(context.get_data_type(kind))
+            irb.line_span(builder, builder.gep(d_arr.data, [do]), cnt, size, step, stream_)
             return context.get_dummy_value()
 
         return types.void(x, types.uint64, dst, types.uint64, types.uint64, types.boolean), codegen
@@ -154,6 +126,21 @@ def _gelu_span(use_erf):
 
 _span_tanh = _gelu_span(False)
 _span_erf = _gelu_span(True)
+
+
+@device(fastmath=set(vmath.VMATH_FASTMATH))
+def _span_plain(x, x_off, dst, d_off, n, use_erf):
+    """:func:`_gelu_span` as a plain numba loop, the readable reference: the same operations in
+    the same order (``contract`` only, as the IR), so the same bits (``tests/test_ir.py``); it
+    has no streaming stores and LLVM picks its vector width."""
+    for i in range(n):
+        v = dtypes.widen(x[x_off + i])
+        if use_erf:
+            t = vmath.erf(v * np.float32(INV_SQRT2))
+        else:
+            t = vmath.tanh((v * v * np.float32(CUBIC) * v + v) * np.float32(SQRT_2_OVER_PI))
+        y = (np.float32(0.5) * v) * (np.float32(1.0) + t)
+        dst[d_off + i] = dtypes.narrow(dst, np.float32(0.0) if v == NEG_INF else y)
 
 
 @device
@@ -177,17 +164,55 @@ def _tile_storage_math(x, x_off, dst, d_off, n, use_erf):
 
 
 @device(forceinline=True)
-def _tile(x, x_off, dst, d_off, n, variant, storage_math, stream):
+def _tile(
+    x,
+    x_off,
+    dst,
+    d_off,
+    n,
+    variant,
+    storage_math,
+    stream,
+):
+    """One UB tile ``dst[d_off:][:n] = gelu(x[x_off:][:n])``.
+
+    Parameters
+    ----------
+    x, dst : flat kernel views of one storage dtype
+    x_off, d_off, n : uint64 element offsets and count
+    variant : ``TANH`` or ``ERF``
+    storage_math : round every intermediate to the storage dtype (a numba loop)
+    stream : whole lines with streaming stores (the caller fences)
+    """
     if storage_math:
-        _tile_storage_math(x, x_off, dst, d_off, n, variant == 1)
-    elif variant == 1:
+        _tile_storage_math(x, x_off, dst, d_off, n, variant == ERF)
+    elif variant == ERF:
         _span_erf(x, x_off, dst, d_off, n, stream)
     else:
         _span_tanh(x, x_off, dst, d_off, n, stream)
 
 
 @kernel
-def _gelu_kernel(x, out, tile, variant, storage_math, ops_per_elem, stream):
+def _gelu_kernel(
+    x,
+    out,
+    tile,
+    variant,
+    storage_math,
+    ops_per_elem,
+    stream,
+):
+    """GELU of flat ``x`` into flat ``out``, one prange task per tile -> the cost counters.
+
+    Parameters
+    ----------
+    x, out : flat kernel views of one storage dtype (``out`` may be ``x``)
+    tile : UB tile in elements (the last task is a valid-shape tail)
+    variant : ``TANH`` or ``ERF``
+    storage_math : round every intermediate to the storage dtype
+    ops_per_elem : vector ops counted per element
+    stream : whole lines with streaming stores, fenced at the end of each task
+    """
     n = x.size
     n_tiles = (n + tile - 1) // tile
     itemsize = x.itemsize

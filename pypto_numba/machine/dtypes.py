@@ -51,15 +51,8 @@ Why it is written this way
 Every converter is branch-free 32-bit integer arithmetic plus selects (no table, no
 data-dependent branch, no slow path: subnormal inputs convert at the same speed), so loops over
 them vectorise (AVX2/AVX-512) and a parallel convert-copy runs at about the speed of a plain copy
-loop.
-Measured on the 2-core Xeon (2.8 GHz, AVX-512; LLVM picks 256-bit vectors; a shared machine, best
-of many runs): one core converts in cache at 22-26 (bf16->fp32), 5-7 (fp32->bf16), 3.6-5.5
-(fp16->fp32) and 3-4 (fp32->fp16) Gelem/s, several times the ~1.2 Gelem/s per core that memory
-delivers. On 64M elements with 2 threads, a convert-copy loop moves 0.78-0.93x the bytes per
-second of a prange negate-copy loop measured in the same run (1.0-1.2x its elements per
-second), and is 2.5-9x faster than ``ml_dtypes`` / NumPy ``.astype``. (LLVM turns a pure copy
-loop into ``memcpy``, whose non-temporal stores are about 2x faster than any loop with ordinary
-stores.)
+loop. The bodies are the IR of ``machine/ir/convert.py``, one source for the scalar converters
+here and the vector kernels.
 """
 
 from __future__ import annotations
@@ -70,6 +63,14 @@ from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic, overload
 
+from pypto_numba.machine.ir.convert import (  # noqa: F401  (the IR forms, re-exported)
+    bf16_bits_ir,
+    bf16_value_ir,
+    fp16_bits_ir,
+    fp16_value_ir,
+    narrow_ir,
+    widen_ir,
+)
 from pypto_numba.machine.jit import device, kernel
 
 __all__ = [
@@ -208,145 +209,14 @@ def u32_as_f32(typingctx, u):
 # ----------------------------------------------------------------------------------------------
 # Scalar converters
 #
-# Branch-free: every path (normal, subnormal, overflow, Inf/NaN) is computed and the right one is
-# selected. The bodies are emitted as 32-bit LLVM IR: numba types all scalar integer arithmetic
-# as int64, and LLVM then vectorises with 64-bit lanes (half the throughput); in i32 the loops
-# use 16 lanes per AVX-512 register (8 per AVX2 register).
+# The bodies are the IR converters of machine/ir/convert.py on scalars (the same code serves the
+# vector kernels): branch-free 32-bit integer IR, which loops vectorise with 16 lanes per AVX-512
+# register (numba would type the integer arithmetic as int64: half the lanes).
 # ----------------------------------------------------------------------------------------------
 
 # Converters are integer code plus one exact float addition: compiled without fast-math flags,
 # always inlined (the calling kernel's vectoriser must see them).
 _converter = device(fastmath=False, forceinline=True)
-
-_I16 = ir.IntType(16)
-_I32 = ir.IntType(32)
-_F32 = ir.FloatType()
-
-
-class _Ops:
-    """One 32-bit IR instruction per call, so the converters read like the formulas. ``lanes`` > 1:
-    the same instructions on ``<lanes x i32>`` vectors (integer constants are splatted)."""
-
-    def __init__(self, builder, lanes=1):
-        self.b = builder
-        self.lanes = lanes
-        self.i32 = _I32 if lanes == 1 else ir.VectorType(_I32, lanes)
-        self.f32 = _F32 if lanes == 1 else ir.VectorType(_F32, lanes)
-        self.i16 = _I16 if lanes == 1 else ir.VectorType(_I16, lanes)
-
-    def k(self, v):
-        v &= 0xFFFFFFFF
-        return ir.Constant(self.i32, v if self.lanes == 1 else [v] * self.lanes)
-
-    def fk(self, v):
-        return ir.Constant(self.f32, v if self.lanes == 1 else [v] * self.lanes)
-
-    def _v(self, x):
-        return self.k(x) if isinstance(x, int) else x
-
-    def add(self, x, y):
-        return self.b.add(self._v(x), self._v(y))
-
-    def sub(self, x, y):
-        return self.b.sub(self._v(x), self._v(y))
-
-    def and_(self, x, y):
-        return self.b.and_(self._v(x), self._v(y))
-
-    def or_(self, x, y):
-        return self.b.or_(self._v(x), self._v(y))
-
-    def shr(self, x, n):
-        return self.b.lshr(self._v(x), self.k(n))
-
-    def shl(self, x, n):
-        return self.b.shl(self._v(x), self.k(n))
-
-    def cmp(self, op, x, y):
-        return self.b.icmp_unsigned(op, self._v(x), self._v(y))
-
-    def select(self, c, x, y):
-        return self.b.select(c, self._v(x), self._v(y))
-
-    def as_f32(self, x):
-        return self.b.bitcast(self._v(x), self.f32)
-
-    def as_u32(self, f):
-        return self.b.bitcast(f, self.i32)
-
-
-def bf16_bits_ir(builder, f, lanes=1):
-    """float32 (or ``<lanes x float>``) -> bf16 bits (i16): round to nearest even; NaN -> 0x7FC0
-    with the sign."""
-    o = _Ops(builder, lanes)
-    b = o.as_u32(f)
-    # round to nearest even at bit 16; the carry reaches the exponent (overflow -> Inf)
-    rounded = o.shr(o.add(o.add(b, 0x7FFF), o.and_(o.shr(b, 16), 1)), 16)
-    qnan = o.or_(o.and_(o.shr(b, 16), 0x8000), 0x7FC0)  # ml_dtypes: canonical qNaN, signed
-    is_nan = o.cmp(">", o.and_(b, 0x7FFFFFFF), 0x7F800000)
-    return builder.trunc(o.select(is_nan, qnan, rounded), o.i16)
-
-
-def bf16_value_ir(builder, h, lanes=1):
-    """bf16 bits (i16 or ``<lanes x i16>``) -> float32, exact."""
-    o = _Ops(builder, lanes)
-    return o.as_f32(o.shl(builder.zext(h, o.i32), 16))
-
-
-def fp16_value_ir(builder, h, lanes=1):
-    """fp16 bits (i16 or ``<lanes x i16>``) -> float32, exact; Inf/NaN keep their payload (not
-    quieted), like NumPy."""
-    o = _Ops(builder, lanes)
-    x = builder.zext(h, o.i32)
-    sign = o.shl(o.and_(x, 0x8000), 16)
-    em = o.shl(o.and_(x, 0x7FFF), 13)  # exponent and mantissa at their float32 positions
-    e = o.and_(x, 0x7C00)
-    normal = o.add(em, (127 - 15) << 23)  # rebias
-    infnan = o.add(em, (255 - 31) << 23)  # exponent 0xFF, payload kept (not quieted)
-    # subnormal m * 2^-24 = (1 + m/1024) * 2^-14 - 2^-14: normal operands, exact result
-    sub = o.as_u32(builder.fsub(o.as_f32(o.add(em, 113 << 23)), o.fk(2.0**-14)))
-    bits = o.select(o.cmp("==", e, 0x7C00), infnan, normal)
-    bits = o.select(o.cmp("==", e, 0), sub, bits)
-    return o.as_f32(o.or_(bits, sign))
-
-
-def fp16_bits_ir(builder, f, lanes=1):
-    """float32 (or ``<lanes x float>``) -> fp16 bits (i16): round to nearest even, with
-    subnormals and overflow to Inf; NaN keeps its top 10 payload bits (NumPy)."""
-    o = _Ops(builder, lanes)
-    b = o.as_u32(f)
-    sign = o.and_(o.shr(b, 16), 0x8000)
-    a = o.and_(b, 0x7FFFFFFF)
-    # |f| >= 2^-14: rebias, round the 13 dropped bits to nearest even (carry may reach Inf)
-    normal = o.shr(o.add(o.add(o.sub(a, (127 - 15) << 23), 0xFFF), o.and_(o.shr(a, 13), 1)), 13)
-    # |f| < 2^-14: one float addition of 0.5 (whose ulp is 2^-24, the fp16 subnormal step)
-    # rounds |f| to nearest even at that step; the bits above 0.5's are the fp16 bits
-    # (0..0x400, where 0x400 is the smallest normal, also right)
-    added = builder.fadd(o.as_f32(a), o.fk(0.5))
-    sub = o.sub(o.as_u32(added), 0x3F000000)
-    # NaN (NumPy): top 10 payload bits, and 1 if those are all zero so it stays NaN
-    payload = o.and_(o.shr(a, 13), 0x3FF)
-    nan = o.or_(o.select(o.cmp("==", payload, 0), 1, payload), 0x7C00)
-    r = o.select(o.cmp("<", a, 113 << 23), sub, normal)
-    r = o.select(o.cmp(">=", a, 0x477FF000), 0x7C00, r)  # 65520 (tie 65504|65536) -> Inf
-    r = o.select(o.cmp(">", a, 0x7F800000), nan, r)
-    return builder.trunc(o.or_(r, sign), o.i16)
-
-
-def widen_ir(builder, raw, kind, lanes):
-    """``<lanes x>`` kernel-view values (``kind``: numba float32, uint16 = bf16 bits or int16 =
-    fp16 bits) -> ``<lanes x float>``, exactly as :func:`widen`."""
-    if kind == types.float32:
-        return raw
-    return (bf16_value_ir if kind == types.uint16 else fp16_value_ir)(builder, raw, lanes)
-
-
-def narrow_ir(builder, v, kind, lanes):
-    """``<lanes x float>`` -> ``<lanes x>`` values of kernel dtype ``kind``, exactly as
-    :func:`narrow` (round to nearest even)."""
-    if kind == types.float32:
-        return v
-    return (bf16_bits_ir if kind == types.uint16 else fp16_bits_ir)(builder, v, lanes)
 
 
 @intrinsic

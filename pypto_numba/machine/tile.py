@@ -1,22 +1,14 @@
-"""GM <-> UB tile movers: per-thread UB scratch, aligned GM outputs, streaming copy-out.
+"""GM <-> UB tile movers: per-thread UB scratch, aligned and placed GM outputs, and the streaming
+copies that write large outputs in whole 64-byte lines.
 
-A kernel task computes a tile into a UB buffer (per-thread scratch, allocated once per call and
-passed to the kernel) and then copies it out to GM. On the CPU that copy-out decides whether an
-element-wise kernel runs at memory bandwidth: a plain store first reads the destination cache
-line (read-for-ownership), so a kernel that writes with plain stores moves 3 bytes of DRAM traffic
-for every 2 it needs and runs at ~0.5x of a memcpy on the 2-core host; streaming (non-temporal)
-stores skip that read. :func:`copy_out` writes a staged tile with streaming stores for the
-32-byte-aligned middle part when asked, and :func:`store_fence` orders them at the end of a task.
-
-Numba rules measured while writing these (they apply to every kernel):
-
-- ``numba.get_num_threads()`` inside a kernel makes it uncacheable: allocate per-thread scratch in
-  Python with :func:`scratch` and pass it in;
-- per-thread slabs must not share a cache line (ping-pong between the cores): :func:`scratch`
-  pads and aligns each slab to 64 bytes;
-- inner loops should index with unsigned offsets (``np.uint64``): a signed index whose sign LLVM
-  cannot prove keeps numba's negative-index wraparound select and defeats vectorisation;
-- a loop vectorises only if it needs <= 8 runtime alias checks: one output and a few inputs.
+A kernel task computes a tile and writes it to GM. A plain store first reads the destination line
+(read-for-ownership), so for outputs too large to be re-read from cache (``STREAM_MIN_BYTES``)
+the whole lines go out with streaming (non-temporal) stores: :func:`stream_lines` copies whole
+lines, :func:`stream_gather_rows` gathers rows of them, :func:`store_fence` orders them at the
+end of the task; the partial lines at a span's two ends take plain stores (``machine/ir/lines.py``
+cuts a span). :func:`scratch` gives each thread its own cache-line-aligned slab. The numba rules
+these follow (uint64 offsets, scratch allocated in Python) are in ``machine/jit.py``; measurements
+behind the constants are in ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -31,59 +23,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import dtypes
+from . import ir as irb
+from .ir.lines import LINE
 from .jit import device
 
-VEC_BYTES = 32  # one AVX vector: the unit of stream_copy
-LINE = 64  # bytes: one cache line, the unit of stream_lines
-
-
-def _stream_store(builder, value, ptr, align):
-    """IR: a streaming (non-temporal) store of ``value`` to ``ptr`` (``align``-byte aligned)."""
-    store = builder.store(value, ptr, align=align)
-    store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-
-
-def _splat(builder, value, vty):
-    """IR: a vector of type ``vty`` with ``value`` in every lane."""
-    lane0 = builder.insert_element(ir.Constant(vty, None), value, ir.Constant(ir.IntType(32), 0))
-    zeros = ir.Constant(ir.VectorType(ir.IntType(32), vty.count), [0] * vty.count)
-    return builder.shuffle_vector(lane0, ir.Constant(vty, None), zeros)
-
-
-def _stream_loop(builder, dst_ptr, src_ptr, nbytes, width, src_align):
-    """IR: copy ``nbytes // width`` vectors of ``width`` bytes from ``src_ptr`` to ``dst_ptr``
-    with streaming (non-temporal) stores; ``dst_ptr`` must be ``width``-aligned."""
-    vec = ir.VectorType(ir.IntType(32), width // 4)
-    dp = builder.bitcast(dst_ptr, vec.as_pointer())
-    sp = builder.bitcast(src_ptr, vec.as_pointer())
-    count = builder.udiv(nbytes, ir.Constant(nbytes.type, width))
-    with cgutils.for_range(builder, count) as loop:
-        v = builder.load(builder.gep(sp, [loop.index]), align=src_align)
-        _stream_store(builder, v, builder.gep(dp, [loop.index]), width)
-
-
-@intrinsic
-def streamcopy(typingctx, dst, src, nbytes):
-    """Copy the first ``nbytes`` (a multiple of 32) of ``src`` to ``dst`` with streaming stores.
-
-    Why: a plain store first reads the destination cache line (read-for-ownership), so an
-    element-wise kernel moves 3 bytes of DRAM traffic for every 2 it needs and runs at ~0.5x of
-    a memcpy on this CPU; non-temporal stores skip that read (a scale loop went from 0.5x to
-    0.7-0.8x of copy). The loop is written in LLVM IR with explicit 32-byte vectors so that the
-    stores are ``vmovntdq`` whatever the vectoriser decides. They fault on a misaligned address:
-    ``dst`` (1-D, C-contiguous) must start on a 32-byte boundary (:func:`copy_out` writes the
-    unaligned head with plain stores first). ``src`` needs no alignment.
-    """
-    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 1 and src.ndim == 1):
-        return None
-
-    def codegen(context, builder, sig, args):
-        d = context.make_array(sig.args[0])(context, builder, args[0])
-        s = context.make_array(sig.args[1])(context, builder, args[1])
-        _stream_loop(builder, d.data, s.data, args[2], VEC_BYTES, 4)
-        return context.get_dummy_value()
-
-    return types.void(dst, src, types.intp), codegen
 
 
 @intrinsic
@@ -101,23 +44,30 @@ def stream_lines(typingctx, dst, d_off, src, s_off, nbytes):
     def codegen(context, builder, sig, args):
         d = context.make_array(sig.args[0])(context, builder, args[0])
         s = context.make_array(sig.args[2])(context, builder, args[2])
-        _stream_loop(builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], LINE, 1)
+        irb.copy_lines(builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], LINE, 1)
         return context.get_dummy_value()
 
     return types.void(dst, types.uint64, src, types.uint64, types.uint64), codegen
 
 
-# Rows one stream_gather_rows call copies together. A gathered row is a short run of lines (4 KiB
-# for H=2048 bf16) at a random place: copied one after the other, each row's reads start cold (the
-# hardware prefetcher does not cross into the next, unrelated row), so one core keeps few line
-# fills in flight (one row at a time was 1.3-1.4x slower than rows in lockstep). Measured on
-# weight[151936, 2048] bf16, ids[8, 2048], 2 threads, medians of 21-41 alternating rounds: 4, 8
-# or 16 rows x 1-2 lines per step all within 3 % of each other.
+# Rows one stream_gather_rows call copies together: a gathered row is a short run of lines at a
+# random place, and its reads start cold (the hardware prefetcher does not cross into the next,
+# unrelated row), so rows in lockstep keep more line fills in flight than rows one by one.
 GATHER_ROWS = 8
 
 
 @intrinsic
-def stream_gather_rows(typingctx, dst, src, ids, r0, row, off, nbytes, joins):
+def stream_gather_rows(
+    typingctx,
+    dst,
+    src,
+    ids,
+    r0,
+    row,
+    off,
+    nbytes,
+    joins,
+):
     """For ``k`` in ``0 .. GATHER_ROWS - 1``: ``nbytes`` (a multiple of 64) of ``src`` from element
     ``ids[r0 + k] * row + off`` to ``dst`` at ``(r0 + k) * row + off``, with 64-byte streaming stores;
     then, for ``k < joins``, the line just before dst row ``r0 + k + 1``'s first streamed one.
@@ -132,17 +82,24 @@ def stream_gather_rows(typingctx, dst, src, ids, r0, row, off, nbytes, joins):
     Each step loads one line of every row and then stores the lines, so that the loads of a step
     never wait for the streaming stores of the step before. Rows whose length is a multiple of
     4 KiB share their page offsets: loaded and stored row after row (a few lines of one row, then
-    of the next), every load hits the page offset of a store just made ("4K aliasing", see
-    ``PAGE``). The embedding gather ran 1.04-1.09x faster this way (medians of 21-31 alternating
-    rounds; 1.3-1.4x in some windows).
+    of the next), every load would hit the page offset of a store just made ("4K aliasing", see
+    ``PAGE``).
 
     A join line (``dst`` from ``(r0 + k + 1) * row + off - L``) ends one row and starts the next:
     ``L - off`` elements from the end of src row ``ids[r0 + k]``, ``off`` from the start of src row
     ``ids[r0 + k + 1]``, read with masked loads (no element outside the two rows is touched). The
     joins of a call share one page offset too, so all are loaded (after the last step) before
-    any is stored. Assembled one at a time in a scratch after the streamed lines, they cost the
-    gather 10-15 % on rows 16 bytes into a page (NumPy's large arrays); this way 0.82-0.85x of
-    copy there, 0.88-0.91x on rows at a page start (prefetching the join lines: no change).
+    any is stored (assembling them one at a time in a scratch was slower).
+
+    Parameters
+    ----------
+    dst, src : 1-D arrays of one itemsize (the output and the weight, flat)
+    ids : 1-D integer ids, each a row of ``src``
+    r0 : the first output row of the group (uint64)
+    row : elements per row (uint64)
+    off : element offset of the streamed part in each row (uint64; ``dst`` there line-aligned)
+    nbytes : bytes streamed per row, a multiple of 64 (uint64)
+    joins : how many join lines to write after the rows (uint64, <= GATHER_ROWS)
     """
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and isinstance(ids, types.Array)
             and dst.ndim == 1 and src.ndim == 1 and ids.ndim == 1 and isinstance(ids.dtype, types.Integer)
@@ -177,31 +134,45 @@ def stream_gather_rows(typingctx, dst, src, ids, r0, row, off, nbytes, joins):
         with cgutils.for_range(builder, builder.udiv(nbytes, ir.Constant(i64, LINE))) as loop:
             lines = [builder.load(builder.gep(sp, [loop.index]), align=1) for sp in sps]
             for dp, v in zip(dps, lines):
-                _stream_store(builder, v, builder.gep(dp, [loop.index]), LINE)
+                irb.stream_store(builder, v, builder.gep(dp, [loop.index]), LINE)
         # the joins: lanes [0, tail) end src row ids[r0 + k], lanes [tail, L) start ids[r0 + k + 1]
         tail = builder.sub(ir.Constant(i64, L), off)
-        head = builder.icmp_unsigned("<", ir.Constant(evec, list(range(L))), _splat(builder, builder.trunc(tail, el), evec))
+        head = builder.icmp_unsigned("<", ir.Constant(evec, list(range(L))), irb.splat(builder, builder.trunc(tail, el), evec))
         mvec = ir.VectorType(ir.IntType(1), L)
-        masked_load = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(evec, [evec.as_pointer(), ir.IntType(32), mvec, evec]),
-            f"llvm.masked.load.v{L}i{el.width}.p0")
-        align = ir.Constant(ir.IntType(32), el.width // 8)
+        align = el.width // 8
         joined = []
         for k in range(GATHER_ROWS):
-            on = _splat(builder, live[k], mvec)
+            on = irb.splat(builder, live[k], mvec)
             a_ptr = builder.gep(s.data, [builder.sub(builder.mul(builder.add(rids[k], one), row), tail)])
             b_ptr = builder.gep(s.data, [builder.sub(builder.mul(nxt[k], row), tail)])  # lane tail = row start
-            v = builder.call(masked_load, [builder.bitcast(a_ptr, evec.as_pointer()), align, builder.and_(head, on),
-                                           ir.Constant(evec, None)])
-            joined.append(builder.call(masked_load, [builder.bitcast(b_ptr, evec.as_pointer()), align,
-                                                     builder.and_(builder.not_(head), on), v]))
+            v = irb.masked_load(builder, a_ptr, builder.and_(head, on), ir.Constant(evec, None), align)
+            joined.append(irb.masked_load(builder, b_ptr, builder.and_(builder.not_(head), on), v, align))
         for k in range(GATHER_ROWS):
             with builder.if_then(live[k]):
                 at = builder.sub(builder.add(builder.mul(builder.add(rows[k], one), row), off), ir.Constant(i64, L))
-                _stream_store(builder, joined[k], builder.bitcast(builder.gep(d.data, [at]), evec.as_pointer()), LINE)
+                irb.stream_store(builder, joined[k], builder.bitcast(builder.gep(d.data, [at]), evec.as_pointer()), LINE)
         return context.get_dummy_value()
 
     return types.void(dst, src, ids, types.uint64, types.uint64, types.uint64, types.uint64, types.uint64), codegen
+
+
+@device
+def gather_rows_plain(dst, src, ids, r0, row, off, nbytes, joins):
+    """:func:`stream_gather_rows` as plain numba loops, the readable reference (the same elements
+    written; plain stores, no alignment needed): the rows, then the join lines."""
+    size = np.uint64(dst.itemsize)
+    n = nbytes // size
+    L = np.uint64(LINE) // size
+    one = np.uint64(1)
+    for k in range(GATHER_ROWS):
+        r = r0 + np.uint64(k)
+        copy(src, np.uint64(ids[r]) * row + off, dst, r * row + off, n)
+    for k in range(joins):
+        r = r0 + np.uint64(k)
+        tail = L - off  # the end of src row ids[r], then the start of src row ids[r + 1]
+        at = (r + one) * row + off - L
+        copy(src, (np.uint64(ids[r]) + one) * row - tail, dst, at, tail)
+        copy(src, np.uint64(ids[r + one]) * row, dst, at + tail, off)
 
 
 @intrinsic
@@ -210,7 +181,7 @@ def store_fence(typingctx):
     issued them fences before it ends (as memcpy does after its non-temporal loop)."""
 
     def codegen(context, builder, sig, args):
-        builder.fence("seq_cst")
+        irb.fence(builder)
         return context.get_dummy_value()
 
     return types.void(), codegen
@@ -222,21 +193,15 @@ def prefetch(typingctx, a, idx):
 
     The CPU's side of the NPU's double buffering (the MTE loads tile t+1 while the cube and
     vector units work on tile t): a streaming kernel that computes between loads keeps more
-    cache-line fills in flight this way than the hardware prefetcher alone (+20-35 % on a
-    QK^T streaming loop with 2 threads, measured on the loaded host). A prefetch never faults
-    and changes no result.
+    cache-line fills in flight this way than the hardware prefetcher alone. A prefetch never
+    faults and changes no result.
     """
     if not isinstance(a, types.Array) or not isinstance(idx, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = builder.gep(ary.data, [args[1]])
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-        # read, locality 3 (keep in all levels), data cache
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        irb.prefetch(builder, builder.gep(ary.data, [args[1]]))  # into all levels
         return context.get_dummy_value()
 
     return types.void(a, idx), codegen
@@ -254,15 +219,8 @@ def prefetch_row(a, b, h, j):
         prefetch(a, start + off)
 
 
-# Inner loops index with uint64 offsets and no per-row array slices, for two measured reasons:
-# - a slice is a new array with a reference count: numba increments and decrements it with
-#   atomic calls, and with both threads doing that on the same arrays per head row the kernel
-#   ran at ~7 cycles per element;
-# - a signed index whose sign LLVM cannot prove (``h*D + i``) keeps numba's negative-index
-#   wraparound select, which turns vector loads into gathers or scalar code; unsigned indices
-#   have no wraparound.
-# Each loop also has one output and at most four inputs: LLVM vectorises a loop only if it
-# needs <= 8 runtime alias checks (one per store/load pair of distinct arrays).
+# Inner loops index with uint64 offsets, take no per-row array slices and have one output and few
+# inputs: the numba rules of machine/jit.py.
 
 
 @device
@@ -272,27 +230,10 @@ def copy(src, s_off, dst, d_off, n):
         dst[d_off + i] = src[s_off + i]
 
 
-@device
-def copy_out(orow, staged, n, stream):
-    """The staged token row -> GM: streaming stores for the 32-byte-aligned middle part when
-    ``stream``, plain stores for the rest. ``n``: int elements."""
-    size = staged.itemsize
-    done = 0
-    if stream:
-        pre = min(n, np.int64((-orow.ctypes.data) % VEC_BYTES) // size)  # unaligned head
-        copy(staged, np.uint64(0), orow, np.uint64(0), np.uint64(pre))
-        nbytes = (n - pre) * size // VEC_BYTES * VEC_BYTES
-        streamcopy(orow[pre:], staged[pre:], nbytes)
-        done = pre + nbytes // size
-    copy(staged, np.uint64(done), orow, np.uint64(done), np.uint64(n - done))
-
-
-
 ALIGN = LINE  # bytes: scratch slabs start on their own cache line
-# Outputs of at least this many bytes are written with streaming stores (see stream_copy): they
-# do not fit the 2-core host's caches, so caching them gains nothing and costs the
-# read-for-ownership traffic. Smaller outputs (decode steps) stay in cache for their consumer.
-# estimate: a few MiB, the share of L2 + L3 one call can expect on a shared host.
+# Outputs of at least this many bytes are written with streaming stores: they do not fit the
+# host's caches (an estimate: the share of L2 + L3 one call can expect on a shared host), so
+# caching them gains nothing. Smaller outputs (decode steps) stay in cache for their consumer.
 STREAM_MIN_BYTES = 4 << 20
 
 
@@ -305,10 +246,8 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def address(a: np.ndarray) -> int:
-    """The address of ``a``'s data. ``a.ctypes.data`` runs NumPy's Python-level ctypes helpers:
-    ~1.5 us, and ~80 us when a large kernel has just flushed the caches (measured after a
-    64 MiB copy) -- per call of an op that checks its output's alignment. A numba call goes
-    through the dispatcher every kernel launch uses anyway: ~0.35 us, ~30 us cold. Arrays of
+    """The address of ``a``'s data, through a numba call (``a.ctypes.data`` runs NumPy's slower
+    Python-level ctypes helpers on every op call that checks its output's alignment). Arrays of
     dtypes numba does not type (bfloat16, float16) are read through an unsigned view."""
     if a.dtype.kind != "u":
         a = a.view(_UINT[a.itemsize])
@@ -336,16 +275,14 @@ def empty_in_phase(shape, dtype, like: np.ndarray, period: int = ALIGN) -> np.nd
     ``like``'s (within a ``period``, a multiple of the line: ``PAGE`` also keeps the two apart for
     streaming, :func:`streams_apart`). A kernel that copies rows of ``like`` to equal offsets of the
     new array then loads and stores whole lines together (a line-straddling load costs two line
-    fills; the embedding gather ran 1.15-1.2x faster in phase than with a line-aligned output)."""
+    fills)."""
     return _empty_at(shape, dtype, address(like) % period, period)
 
 
 PAGE = 4096  # bytes: loads and stores are matched for dependence on their low 12 address bits
 # A load whose address is up to this many bytes past a pending streaming store's, modulo a page,
 # waits for that store ("4K aliasing"). An element-wise kernel that loads src[i] and streams
-# dst[i] a few lines later hits it on every line when dst starts just past src within a page:
-# GELU streamed from src at page offset 16 to dst at 64 or 128 ran 2.6x slower than to dst at 0,
-# 512, 1024 or 2048 (x[64M] fp32, 2 threads); at 256 1.15x slower.
+# dst[i] a few lines later hits it on every line when dst starts just past src within a page.
 ALIAS_WINDOW = 512
 
 

@@ -1,9 +1,13 @@
 """The vector unit's transcendental functions (float32 exp, tanh, erf, sigmoid, rsqrt), and the two
 softmax row steps in explicit 16-lane vectors: ``rowmax`` and ``softmax_exp`` (exp, rounding of P
-and the row sum; bit-equal to ``exp`` + ``dtypes.round_as``, which ``tests/test_vmath.py`` checks,
-so the vector copies of the exp formula and of the bf16/fp16 rounding cannot drift apart).
-``tanh_ir`` / ``erf_ir`` build tanh and erf in LLVM IR on a scalar or a vector of any width, for
-kernels written in IR (GELU's 512-bit loop); the same test holds them bit-equal to ``tanh``/``erf``.
+and the row sum).
+
+Each formula is written once, as IR on a float32 scalar or a vector of any width (``exp_ir``,
+``tanh_ir``, ``erf_ir``, ``sigmoid_ir``, ``rsqrt_ir``): the numba functions ``exp`` ... ``rsqrt``
+are that IR on a scalar, and IR kernels (``softmax_exp``, GELU's span) use it on vectors, so the
+scalar and vector results have the same bits by construction. ``exp_plain`` ... ``rsqrt_plain``
+are the same formulas as plain numba code, the readable reference (``tests/test_vmath.py``
+checks all three agree bit for bit). The bf16/fp16 rounding of P is ``machine/ir/convert.py``'s.
 
 What
 ----
@@ -45,34 +49,18 @@ Large arguments saturate (``tanh(+-100) = +-1``, ``erf(+-10) = +-1``, ``sigmoid(
 Why
 ---
 ``math.exp/tanh/erf`` compile to scalar libm calls (no SVML in numba), which stops loops from
-vectorising: a GELU written with them runs at ~1 GB/s. These versions are plain arithmetic,
-integer bit tricks (``f32_as_u32`` / ``u32_as_f32``) and selects, without branches or calls, so a
-loop over them compiles to AVX2/AVX-512 code and runs near memory bandwidth.
+vectorising. These versions are plain arithmetic, integer bit tricks and selects, without
+branches or calls, so a loop over them compiles to AVX2/AVX-512 code and runs near memory
+bandwidth. They are inlined (``forceinline``) and compiled with ``contract`` only
+(:data:`VMATH_FASTMATH`; why: ``machine/jit.py``). Constants are float32 (a Python float
+literal would promote the arithmetic to float64).
 
-Throughput (2-core Xeon at 2.8 GHz, AVX-512, LLVM picks 256-bit vectors; shared machine, best
-of many runs). One core, data in cache: exp 1.3-1.7, tanh 2.1-3.1, erf 2.3-2.9, sigmoid 0.9-1.5,
-rsqrt 2.2-2.5 Gelem/s (a negate loop: 10-11). 64M float32 with 2 threads, as a fraction of a
-prange negate-copy loop (same loads and stores) measured in the same run: rsqrt 0.95, tanh 0.89,
-erf 0.83, exp 0.69, sigmoid 0.69 (the loop ran at 10.8 GB/s read + write on the busy machine,
-19 GB/s when idle). tanh, erf and rsqrt are memory-bound; exp and sigmoid nearly.
-
-Compilation flags: ``@device`` with ``forceinline=True`` (LLVM ``alwaysinline``: an earlier,
-exp-based erf was above LLVM's inlining threshold, and the call left in the loop stopped
-vectorisation, 10x slower) and fastmath reduced to ``{"contract"}`` (FMA contraction only).
-``reassoc`` could let LLVM refactor ``x - n*ln2_hi - n*ln2_lo`` into ``x - n*(ln2_hi + ln2_lo)``
-and lose the Cody-Waite reduction's precision; ``arcp``/``afn`` could turn ``1/sqrt(x)`` into an
-estimate that is wrong at 0 and Inf. Measured: compiled with the full ``FASTMATH`` set, ``exp``
-returns Inf for x > 88.38 because LLVM reassociates ``(p * 2^n1) * 2^n2`` into ``p * 2^128``.
-LLVM fast-math flags are per instruction, so these functions keep their flags when inlined into
-kernels compiled with the wider ``FASTMATH`` set.
-Constants are float32 (a Python float literal would promote the arithmetic to float64).
 Coefficients are minimax fits of the functions named above, made for this module in float64
 (Lawson-reweighted least squares; for the rationals, linearised Sanathanan-Koerner iterations)
 and rounded to float32. tanh and erf are rationals rather than exp-based because that halves
-their cost (measured 1.3 vs 2.8 cycles/element for tanh, 1.0 vs 3.2 for erf, one core): the
-price is ~5 ulp of float32 evaluation error near +-1 instead of ~1.5, far inside the 2e-6 target,
-and monotonicity only up to that error (where the exact function changes by less than an ulp
-between neighbours). ``exp`` and ``sigmoid`` are monotone on the tested grids.
+their cost: the price is ~5 ulp of float32 evaluation error near +-1 instead of ~1.5, far inside
+the 2e-6 target, and monotonicity only up to that error (where the exact function changes by
+less than an ulp between neighbours). ``exp`` and ``sigmoid`` are monotone on the tested grids.
 """
 
 from __future__ import annotations
@@ -83,10 +71,12 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from pypto_numba.machine import ir as irb
 from pypto_numba.machine.dtypes import f32_as_u32, u32_as_f32
 from pypto_numba.machine.jit import device
 
-__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "tanh_ir", "erf_ir", "VMATH_FASTMATH"]
+__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "exp_ir", "tanh_ir", "erf_ir", "sigmoid_ir",
+           "rsqrt_ir", "VMATH_FASTMATH"]
 
 VMATH_FASTMATH = frozenset({"contract"})
 """Fast-math flags of the vmath functions (see the module docstring for why not FASTMATH)."""
@@ -141,6 +131,149 @@ _ERF_Q4 = _F(0.0011855724733322859)
 _ERF_Q5 = _F(3.742020999197848e-05)
 _ERF_SAT = _F(4.0)
 
+_EXP_C = (_EXP_C0, _EXP_C1, _EXP_C2, _EXP_C3, _EXP_C4)
+_TANH_P = (_TANH_P0, _TANH_P1, _TANH_P2, _TANH_P3, _TANH_P4)
+_TANH_Q = (_ONE, _TANH_Q1, _TANH_Q2, _TANH_Q3, _TANH_Q4)
+_ERF_P = (_ERF_P0, _ERF_P1, _ERF_P2, _ERF_P3, _ERF_P4, _ERF_P5)
+_ERF_Q = (_ONE, _ERF_Q1, _ERF_Q2, _ERF_Q3, _ERF_Q4, _ERF_Q5)
+
+
+# ---- the formulas, once: IR on a float32 scalar or <L x float> vector -------------------------
+# Each builds the same instructions in the same order whatever the width, with ``contract`` only
+# (machine/jit.py): the scalar functions below are these on a scalar (so their bits are the
+# vector kernels' bits), and the plain numba forms further down are the readable reference.
+
+
+def exp_ir(builder, x):
+    """:func:`exp` in IR: Cody-Waite reduction, degree-6 polynomial, two exact scalings by 2^n."""
+    o = irb.FOps(builder, x.type)
+    # clamp with NaN going to a finite value, so the float -> int conversion below is defined
+    xc = o.select(o.gt(x, _EXP_LO), x, _EXP_LO)
+    xc = o.select(o.lt(xc, _EXP_HI), xc, _EXP_HI)
+    n = o.floor(o.add(o.mul(xc, _LOG2E), _HALF))  # in [-150, 128]
+    r = o.sub(xc, o.mul(n, _LN2_HI))  # exact
+    r = o.sub(r, o.mul(n, _LN2_LO))
+    poly = o.horner(r, _EXP_C)
+    p = o.add(_ONE, o.add(r, o.mul(o.mul(r, r), poly)))
+    # 2^n in two exact factors (2^n itself may not be a normal float32): only the last
+    # multiplication rounds, which also makes subnormal and overflowing results correct
+    n1 = o.floor(o.mul(n, _HALF))
+    y = o.mul(o.mul(p, o.pow2(n1)), o.pow2(o.sub(n, n1)))
+    return o.select(o.eq(x, x), y, x)
+
+
+def _rational_ir(builder, x, ps, qs, sat):
+    """``sign(x) * min(1, |x| P(x^2) / Q(x^2))``, and ``+-1`` for ``|x| >= sat``."""
+    o = irb.FOps(builder, x.type)
+    a = o.abs(x)
+    t = o.mul(a, a)  # may be Inf for huge |x|: that lane is replaced by 1 below
+    r = o.div(o.mul(a, o.horner(t, ps)), o.horner(t, qs))
+    r = o.select(o.gt(r, _ONE), _ONE, r)  # never above 1 (NaN stays NaN)
+    r = o.select(o.ge(a, sat), _ONE, r)
+    return o.copysign(r, x)
+
+
+def tanh_ir(builder, x):
+    """:func:`tanh` in IR: the rational ``x P(x^2) / Q(x^2)`` (degrees 4/4), saturated at 9."""
+    return _rational_ir(builder, x, _TANH_P, _TANH_Q, _TANH_SAT)
+
+
+def erf_ir(builder, x):
+    """:func:`erf` in IR: the rational ``x P(x^2) / Q(x^2)`` (degrees 5/5), saturated at 4."""
+    return _rational_ir(builder, x, _ERF_P, _ERF_Q, _ERF_SAT)
+
+
+def sigmoid_ir(builder, x):
+    """:func:`sigmoid` in IR: ``1 / (1 + exp(-x))``."""
+    o = irb.FOps(builder, x.type)
+    return o.div(_ONE, o.add(_ONE, exp_ir(builder, o.sub(-0.0, x))))
+
+
+def rsqrt_ir(builder, x):
+    """:func:`rsqrt` in IR: IEEE sqrt, then IEEE division."""
+    o = irb.FOps(builder, x.type)
+    return o.div(_ONE, o.sqrt(x))
+
+
+def _on_scalar(formula):
+    """A numba intrinsic ``float32 -> float32`` that is ``formula`` on a scalar."""
+
+    @intrinsic
+    def scalar(typingctx, x):
+        if not isinstance(x, (types.Float, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return formula(builder, args[0])
+
+        return types.float32(types.float32), codegen  # numba casts the argument to float32
+
+    return scalar
+
+
+_exp1 = _on_scalar(exp_ir)
+_tanh1 = _on_scalar(tanh_ir)
+_erf1 = _on_scalar(erf_ir)
+_sigmoid1 = _on_scalar(sigmoid_ir)
+_rsqrt1 = _on_scalar(rsqrt_ir)
+
+
+@_vdevice
+def exp(x):
+    """float32 e^x: measured max error 1.0 ulp over grid Y (target 4 ulp).
+
+    Y = 2^22 points of [-87.3, 88.72] + every float32 in [0.5, 1] and [80, 88.72] (max rel error
+    8.5e-8). Subnormal results are within 0.75 of the subnormal step. ``+Inf`` for
+    ``x > 88.7228``, ``0`` below ``-103.97``; ``exp(-inf) = 0``, NaN -> NaN.
+    """
+    return _exp1(x)
+
+
+@_vdevice
+def tanh(x):
+    """float32 tanh: measured max abs error 3.0e-7 over grid Y (target 2e-6).
+
+    Y = 2^22 points of [-10, 10] + every float32 in [0.5, 1] and [8, 9.5] (max rel error
+    3.0e-7, also for tiny |x|). ``tanh(+-inf) = +-1``, ``tanh(-0) = -0``, NaN -> NaN.
+    """
+    return _tanh1(x)
+
+
+@_vdevice
+def erf(x):
+    """float32 erf: measured max abs error 3.5e-7 over grid Y (target 2e-6).
+
+    Y = 2^22 points of [-6, 6] + every float32 in [0.75, 1.5] and [3, 4.5] (max rel error
+    3.5e-7, also for tiny |x|). ``erf(+-inf) = +-1``, ``erf(-0) = -0``, NaN -> NaN.
+    """
+    return _erf1(x)
+
+
+@_vdevice
+def sigmoid(x):
+    """float32 1 / (1 + e^-x): measured max abs error 9.0e-8 over grid Y (target 2e-6).
+
+    Y = 2^22 points of [-40, 40] + every float32 in [-1, -0.5] (max rel error 1.5e-7).
+    ``sigmoid(-inf) = 0``, ``sigmoid(inf) = 1``, NaN -> NaN; saturates without inf/inf.
+    """
+    return _sigmoid1(x)
+
+
+@_vdevice
+def rsqrt(x):
+    """float32 1/sqrt(x): measured max error 1.49 ulp over grid Y.
+
+    Y = every float32 in [1, 4] + 2^22 log-spaced points of [2^-126, 2^127]. IEEE sqrt then IEEE
+    division: two roundings, < 1.5 ulp by construction. ``rsqrt(0) = inf``, ``rsqrt(-0) = -inf``,
+    ``rsqrt(inf) = 0``, negative -> NaN, NaN -> NaN.
+    """
+    return _rsqrt1(x)
+
+
+# ---- the readable reference: the same formulas as plain numba code ----------------------------
+# (what the kernels used before the IR; tests/test_vmath.py holds them bit-equal to the functions
+# above)
+
 
 @_vdevice
 def _pow2(n):
@@ -155,13 +288,8 @@ def _copysign(m, x):
 
 
 @_vdevice
-def exp(x):
-    """float32 e^x: measured max error 1.0 ulp over grid Y (target 4 ulp).
-
-    Y = 2^22 points of [-87.3, 88.72] + every float32 in [0.5, 1] and [80, 88.72] (max rel error
-    8.5e-8). Subnormal results are within 0.75 of the subnormal step. ``+Inf`` for
-    ``x > 88.7228``, ``0`` below ``-103.97``; ``exp(-inf) = 0``, NaN -> NaN.
-    """
+def exp_plain(x):
+    """:func:`exp` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
     # clamp with NaN going to a finite value, so the float -> int conversion below is defined
     xc = x if x > _EXP_LO else _EXP_LO
@@ -178,12 +306,8 @@ def exp(x):
 
 
 @_vdevice
-def tanh(x):
-    """float32 tanh: measured max abs error 3.0e-7 over grid Y (target 2e-6).
-
-    Y = 2^22 points of [-10, 10] + every float32 in [0.5, 1] and [8, 9.5] (max rel error
-    3.0e-7, also for tiny |x|). ``tanh(+-inf) = +-1``, ``tanh(-0) = -0``, NaN -> NaN.
-    """
+def tanh_plain(x):
+    """:func:`tanh` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
     a = abs(x)
     t = a * a  # may be Inf for huge |x|: that lane is replaced by 1 below
@@ -196,12 +320,8 @@ def tanh(x):
 
 
 @_vdevice
-def erf(x):
-    """float32 erf: measured max abs error 3.5e-7 over grid Y (target 2e-6).
-
-    Y = 2^22 points of [-6, 6] + every float32 in [0.75, 1.5] and [3, 4.5] (max rel error
-    3.5e-7, also for tiny |x|). ``erf(+-inf) = +-1``, ``erf(-0) = -0``, NaN -> NaN.
-    """
+def erf_plain(x):
+    """:func:`erf` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
     a = abs(x)
     t = a * a
@@ -214,24 +334,15 @@ def erf(x):
 
 
 @_vdevice
-def sigmoid(x):
-    """float32 1 / (1 + e^-x): measured max abs error 9.0e-8 over grid Y (target 2e-6).
-
-    Y = 2^22 points of [-40, 40] + every float32 in [-1, -0.5] (max rel error 1.5e-7).
-    ``sigmoid(-inf) = 0``, ``sigmoid(inf) = 1``, NaN -> NaN; saturates without inf/inf.
-    """
+def sigmoid_plain(x):
+    """:func:`sigmoid` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
-    return _ONE / (_ONE + exp(-x))
+    return _ONE / (_ONE + exp_plain(-x))
 
 
 @_vdevice
-def rsqrt(x):
-    """float32 1/sqrt(x): measured max error 1.49 ulp over grid Y.
-
-    Y = every float32 in [1, 4] + 2^22 log-spaced points of [2^-126, 2^127]. IEEE sqrt then IEEE
-    division: two roundings, < 1.5 ulp by construction. ``rsqrt(0) = inf``, ``rsqrt(-0) = -inf``,
-    ``rsqrt(inf) = 0``, negative -> NaN, NaN -> NaN.
-    """
+def rsqrt_plain(x):
+    """:func:`rsqrt` as a plain numba function (the readable reference; same bits)."""
     x = _F(x)
     return _ONE / np.sqrt(x)
 
@@ -253,18 +364,6 @@ def _count(context, builder, val, ty):
     return builder.select(builder.icmp_signed("<", cnt, ir.Constant(i64, 0)), ir.Constant(i64, 0), cnt)
 
 
-def _fold_halves(builder, v, combine):
-    """Fold a ``<L x float>`` vector in halves, ``combine(low, high)`` lane-wise, down to ``<1 x float>``."""
-    width = v.type.count
-    while width > 1:
-        width //= 2
-        i32v = ir.VectorType(ir.IntType(32), width)
-        lo = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width))))
-        hi = builder.shuffle_vector(v, v, ir.Constant(i32v, list(range(width, 2 * width))))
-        v = combine(lo, hi)
-    return v
-
-
 @intrinsic
 def rowmax(typingctx, s, base, c):
     """float32 max of ``s[base : base + c]`` (flat float32 array), ``-inf`` for ``c == 0``.
@@ -274,8 +373,7 @@ def rowmax(typingctx, s, base, c):
     16 elements), folded in halves at the end, the < 16 last elements in scalar steps. The max of
     a set does not depend on the order, so the result is exact whatever the lanes (only which of
     ``+0``/``-0`` is kept may differ, and neither changes ``s - max``). A loop of scalar maxima
-    does not vectorise without the ``nnan`` flag (never used here): measured 0.27-0.38 ns per
-    element with 8 scalar chains.
+    does not vectorise without the ``nnan`` flag (never used here, ``machine/jit.py``).
     """
     if not (isinstance(s, types.Array) and s.dtype == types.float32 and isinstance(c, types.Integer)):
         return None
@@ -294,7 +392,7 @@ def rowmax(typingctx, s, base, c):
             off = builder.add(b0, builder.mul(loop.index, ir.Constant(i64, _MAX_LANES)))
             ptr = builder.bitcast(builder.gep(arr.data, [off]), vf.as_pointer())
             builder.store(_max_step(builder, builder.load(ptr, align=4), builder.load(vacc)), vacc)
-        v = _fold_halves(builder, builder.load(vacc), lambda lo, hi: _max_step(builder, hi, lo))
+        v = irb.fold_halves(builder, builder.load(vacc), lambda lo, hi: _max_step(builder, hi, lo))
         acc = cgutils.alloca_once_value(builder, builder.extract_element(v, ir.Constant(ir.IntType(32), 0)))
         done = builder.mul(nvec, ir.Constant(i64, _MAX_LANES))
         with cgutils.for_range(builder, builder.sub(cnt, done)) as loop:
@@ -308,144 +406,6 @@ def rowmax(typingctx, s, base, c):
 # ---- softmax_exp -------------------------------------------------------------------------------
 
 
-def _const(vty, value):
-    return ir.Constant(vty, [value] * vty.count)
-
-
-def _exp_ir(builder, x):
-    """:func:`exp` on a ``<L x float>`` vector, the same operations in the same order (the
-    multiply-adds fused where numba's ``contract`` flag fuses them in :func:`exp`)."""
-    vf = x.type
-    vi = ir.VectorType(ir.IntType(32), vf.count)
-    flags = ("contract",)
-    fl = lambda v: _const(vf, float(v))  # noqa: E731  (float32 constants, exact as float64)
-    mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
-    add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
-    sub = lambda a, b: builder.fsub(a, b, flags=flags)  # noqa: E731
-    floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]), f"llvm.floor.v{vf.count}f32")
-    xc = builder.select(builder.fcmp_ordered(">", x, fl(_EXP_LO)), x, fl(_EXP_LO))
-    xc = builder.select(builder.fcmp_ordered("<", xc, fl(_EXP_HI)), xc, fl(_EXP_HI))
-    n = builder.call(floor, [add(mul(xc, fl(_LOG2E)), fl(_HALF))])
-    r = sub(xc, mul(n, fl(_LN2_HI)))
-    r = sub(r, mul(n, fl(_LN2_LO)))
-    poly = add(fl(_EXP_C3), mul(r, fl(_EXP_C4)))
-    poly = add(fl(_EXP_C2), mul(r, poly))
-    poly = add(fl(_EXP_C1), mul(r, poly))
-    poly = add(fl(_EXP_C0), mul(r, poly))
-    p = add(fl(_ONE), add(r, mul(mul(r, r), poly)))
-    n1 = builder.call(floor, [mul(n, fl(_HALF))])
-
-    def pow2(v):
-        bits = builder.shl(builder.fptosi(add(v, fl(127.0)), vi), _const(vi, 23))
-        return builder.bitcast(bits, vf)
-
-    y = mul(mul(p, pow2(n1)), pow2(sub(n, n1)))
-    return builder.select(builder.fcmp_ordered("==", x, x), y, x)
-
-
-class _FOps:
-    """float32 IR on a scalar or a ``<L x float>`` vector (``x.type``), each instruction with
-    ``contract`` only (:data:`VMATH_FASTMATH`): the backend fuses a multiply into the add that
-    uses it, as it does in the numba-compiled scalar function."""
-
-    def __init__(self, builder, ty):
-        self.b = builder
-        self.ty = ty
-        lanes = getattr(ty, "count", None)
-        self.ity = ir.IntType(32) if lanes is None else ir.VectorType(ir.IntType(32), lanes)
-        suffix = "f32" if lanes is None else f"v{lanes}f32"
-        self._fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty]), f"llvm.fabs.{suffix}")
-
-    def k(self, v):
-        v = float(v)  # float32 constants: exact as float64
-        return ir.Constant(self.ty, v if not isinstance(self.ty, ir.VectorType) else [v] * self.ty.count)
-
-    def _v(self, x):
-        return self.k(x) if isinstance(x, (float, np.floating)) else x
-
-    def mul(self, a, b):
-        return self.b.fmul(self._v(a), self._v(b), flags=("contract",))
-
-    def add(self, a, b):
-        return self.b.fadd(self._v(a), self._v(b), flags=("contract",))
-
-    def div(self, a, b):
-        return self.b.fdiv(self._v(a), self._v(b), flags=("contract",))
-
-    def abs(self, a):
-        return self.b.call(self._fabs, [a])
-
-    def gt(self, a, b):
-        return self.b.fcmp_ordered(">", self._v(a), self._v(b))
-
-    def ge(self, a, b):
-        return self.b.fcmp_ordered(">=", self._v(a), self._v(b))
-
-    def eq(self, a, b):
-        return self.b.fcmp_ordered("==", self._v(a), self._v(b))
-
-    def select(self, c, a, b):
-        return self.b.select(c, self._v(a), self._v(b))
-
-    def horner(self, t, coeffs):
-        """``c0 + t*(c1 + t*(c2 + ...))`` for ``coeffs = (c0, c1, ...)``, innermost first."""
-        acc = self.k(coeffs[-1])
-        for c in reversed(coeffs[:-1]):
-            acc = self.add(c, self.mul(t, acc))
-        return acc
-
-    def copysign(self, m, x):
-        """:func:`_copysign`: ``m``'s bits with ``x``'s sign bit."""
-        sign = self.b.and_(self.b.bitcast(x, self.ity), ir.Constant(self.ity, _splat(self.ity, 0x80000000)))
-        return self.b.bitcast(self.b.or_(self.b.bitcast(m, self.ity), sign), self.ty)
-
-
-def _splat(ty, v):
-    return v if not isinstance(ty, ir.VectorType) else [v] * ty.count
-
-
-def _rational_ir(o, x, ps, qs, sat):
-    a = o.abs(x)
-    t = o.mul(a, a)
-    r = o.div(o.mul(a, o.horner(t, ps)), o.horner(t, (_ONE,) + qs))
-    r = o.select(o.gt(r, _ONE), _ONE, r)
-    r = o.select(o.ge(a, sat), _ONE, r)
-    return o.copysign(r, x)
-
-
-def tanh_ir(builder, x):
-    """:func:`tanh` in IR on a float32 scalar or ``<L x float>`` vector: the same operations in
-    the same order (``tests/test_vmath.py`` checks equal bits). For loops that LLVM's
-    vectoriser would run in 256-bit vectors, or that store with streaming stores."""
-    return _rational_ir(_FOps(builder, x.type), x, (_TANH_P0, _TANH_P1, _TANH_P2, _TANH_P3, _TANH_P4),
-                        (_TANH_Q1, _TANH_Q2, _TANH_Q3, _TANH_Q4), _TANH_SAT)
-
-
-def erf_ir(builder, x):
-    """:func:`erf` in IR, as :func:`tanh_ir`."""
-    return _rational_ir(_FOps(builder, x.type), x, (_ERF_P0, _ERF_P1, _ERF_P2, _ERF_P3, _ERF_P4, _ERF_P5),
-                        (_ERF_Q1, _ERF_Q2, _ERF_Q3, _ERF_Q4, _ERF_Q5), _ERF_SAT)
-
-
-def _round_ir(builder, e, like):
-    """``dtypes.round_as`` on a ``<L x float>`` vector for ``like``'s kernel dtype."""
-    vf = e.type
-    L = vf.count
-    if like == types.float32:
-        return e
-    if like == types.int16:  # fp16: IEEE round to nearest even (subnormals too), back exactly
-        half = builder.fptrunc(e, ir.VectorType(ir.HalfType(), L))
-        return builder.fpext(half, vf)
-    vi = ir.VectorType(ir.IntType(32), L)
-    k = lambda v: _const(vi, v)  # noqa: E731
-    b = builder.bitcast(e, vi)
-    lsb = builder.and_(builder.lshr(b, k(16)), k(1))
-    rounded = builder.and_(builder.add(builder.add(b, k(0x7FFF)), lsb), k(0xFFFF0000))
-    qnan = builder.or_(builder.and_(b, k(0x80000000)), k(0x7FC00000))
-    is_nan = builder.icmp_unsigned(">", builder.and_(b, k(0x7FFFFFFF)), k(0x7F800000))
-    return builder.bitcast(builder.select(is_nan, qnan, rounded), vf)
-
-
 _EXP_LANES = 16
 
 
@@ -454,8 +414,8 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
     """``p[base + j] = round_as(like, exp(s[base + j] - m))`` for ``j < c``; returns the float32 sum
     of the unrounded exps (the ``l`` of a softmax row).
 
-    :func:`exp` in 512-bit vectors (LLVM's vectoriser picks 256-bit on this CPU, and a softmax
-    tile spent most of its time there), the sum in 16 lane partial sums folded in halves at the
+    :func:`exp` in 512-bit vectors (LLVM's vectoriser may pick 256-bit, ``machine/jit.py``, and a
+    softmax tile spent most of its time here), the sum in 16 lane partial sums folded in halves at the
     end, then the < 16 last elements one at a time (a fixed order: the bits do not depend on
     how the loop was compiled). ``like``: an array whose kernel dtype (float32, uint16 = bf16,
     int16 = fp16) gives the rounding of p; ``s`` and ``p`` flat float32 (may be the same array).
@@ -484,22 +444,20 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
                                             ir.Constant(ir.IntType(32), 0))
             else:
                 sp = builder.bitcast(builder.gep(s_arr.data, [off]), vf.as_pointer())
-                mv = builder.insert_element(ir.Constant(vf, ir.Undefined), mval, ir.Constant(ir.IntType(32), 0))
-                mv = builder.shuffle_vector(mv, mv, ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
-                xv = builder.fsub(builder.load(sp, align=4), mv)
-            e = _exp_ir(builder, xv)
-            r = _round_ir(builder, e, like_t)
+                xv = builder.fsub(builder.load(sp, align=4), irb.splat(builder, mval, vf))
+            e = exp_ir(builder, xv)
+            r = irb.round_ir(builder, e, like_t)
             pp = builder.bitcast(builder.gep(p_arr.data, [off]), vf.as_pointer())
             builder.store(r, pp, align=4)
             return builder.fadd(total, e)
 
         vf = ir.VectorType(f32, _EXP_LANES)
-        vsum = cgutils.alloca_once_value(builder, _const(vf, 0.0))
+        vsum = cgutils.alloca_once_value(builder, irb.const(vf, 0.0))
         nvec = builder.udiv(cnt, ir.Constant(i64, _EXP_LANES))
         with cgutils.for_range(builder, nvec) as loop:
             off = builder.add(b0, builder.mul(loop.index, ir.Constant(i64, _EXP_LANES)))
             builder.store(one_step(_EXP_LANES, off, builder.load(vsum)), vsum)
-        v = _fold_halves(builder, builder.load(vsum), builder.fadd)
+        v = irb.fold_halves(builder, builder.load(vsum), builder.fadd)
         acc = cgutils.alloca_once_value(builder, v)  # <1 x float>
         done = builder.mul(nvec, ir.Constant(i64, _EXP_LANES))
         with cgutils.for_range(builder, builder.sub(cnt, done)) as loop:

@@ -1,0 +1,30 @@
+"""LLVM IR building blocks for the hand-written kernels, each defined once.
+
+==============  ==================================================================================
+``vector``      constants and run-time splats, lane folds, ``fma``/``mul_add``, :class:`FOps`
+                (float32 formulas on a scalar or a vector) and :class:`IOps` (32-bit bit tricks)
+``convert``     float32 <-> bf16 / fp16 bits (``widen_ir``, ``narrow_ir``), ``round_ir``
+``memory``      loads/stores at element offsets, ``load_widen``, ``store_narrow``,
+                ``stream_store``, ``masked_load``, ``prefetch``, ``fence``
+``lines``       the loop template: a span as head, whole 64-byte lines, tail (``line_span``,
+                ``copy_lines``; ``first_line`` for numba loops)
+==============  ==================================================================================
+
+The numba rules these kernels follow (uint64 offsets, fast-math flags, vector width) are stated
+in ``machine/jit.py``. Numba-callable intrinsics built from these live with their users
+(``machine/tile.py``, ``machine/vmath.py``, ``machine/dtypes.py``, the op modules).
+"""
+
+from .convert import (  # noqa: F401
+    bf16_bits_ir,
+    bf16_value_ir,
+    fp16_bits_ir,
+    fp16_value_hw,
+    fp16_value_ir,
+    narrow_ir,
+    round_ir,
+    widen_ir,
+)
+from .lines import LINE, copy_lines, first_line, line_span, steps  # noqa: F401
+from .memory import fence, load, load_widen, masked_load, prefetch, ptr, raw_type, store_narrow, stream_store  # noqa: F401
+from .vector import CONTRACT, F32, I32, I64, FOps, IOps, const, fma, fold_halves, mul_add, splat  # noqa: F401
