@@ -29,8 +29,21 @@ from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan
 from ..machine.profile import load_profile
+from ..machine.vmath import exp as vexp
 from ..strategy import Launch, register
-from . import _common as C
+from .gqa_clone import expand_plans, run_expand
+from .plans import cube_buffers, ub_tile
+from .tiles import (
+    GEMM_MIN_ROWS,
+    NEG_INF,
+    RES_SLOTS,
+    allowed_keys,
+    load_q_block,
+    packed_keys,
+    tile_pv,
+    tile_scores,
+)
+from .validation import check_gqa, prepare, shapes_of
 
 ROW_OPS = 7  # per score element: scale, max, sub, exp, sum, divide, cast (+1 with a mask)
 CHUNK = 128  # keys per cube step of the two matmul kernels
@@ -58,16 +71,16 @@ def _scores_kernel(q, k, s_ws, qt, kt, scratch):
         o1 = o0 + Rmax * CHUNK
         qf = sc[0:o0]
         s = sc[o0:o1]
-        res = sc[o1:o1 + C.RES_SLOTS]
+        res = sc[o1:o1 + RES_SLOTS]
         for qi in range(nq):
             i0 = qi * qt
             qv = min(qt, Sq - i0)
             R = G * qv
-            C.load_q_block(q, b, kvh, G, i0, qv, qf)
+            load_q_block(q, b, kvh, G, i0, qv, qf)
             gm_read += R * D * b_sz
             for j0 in range(0, Skv, CHUNK):
                 n = min(CHUNK, Skv - j0)
-                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, CHUNK, R >= C.GEMM_MIN_ROWS, res)
+                tile_scores(qf, R, k, b, kvh, j0, n, s, kt, CHUNK, R >= GEMM_MIN_ROWS, res)
                 for r in range(R):
                     g = r // qv
                     ii = r - g * qv
@@ -93,10 +106,10 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
         rem = row - b * (Hq * Sq)
         h = rem // Sq
         i = rem - h * Sq
-        c = C.allowed_keys(b, i, Sq, Skv, kv_len, causal)
+        c = allowed_keys(b, i, Sq, Skv, kv_len, causal)
         srow = s_ws[b, h, i]
         prow = p_ws[b, h, i]
-        m = C.NEG_INF
+        m = NEG_INF
         mbase = b * msb + h * msh + i * msi
         for j in range(c):
             x = srow[j] * scale
@@ -104,18 +117,18 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
                 x += mask[mbase + j * msj]
             srow[j] = x
             m = max(m, x)
-        if m == C.NEG_INF:  # all allowed scores -inf, or NaN (max skips NaN): NaN propagates
+        if m == NEG_INF:  # all allowed scores -inf, or NaN (max skips NaN): NaN propagates
             for j in range(c):
                 if srow[j] != srow[j]:
                     m = np.float32(np.nan)
                     break
-        if m == C.NEG_INF:
+        if m == NEG_INF:
             for j in range(Skv):
                 prow[j] = dtypes.narrow(prow, np.float32(0.0))
         else:
             total = np.float32(0.0)
             for j in range(c):
-                e = C.vexp(srow[j] - m)
+                e = vexp(srow[j] - m)
                 srow[j] = e
                 total += e
             inv = np.float32(1.0) / total
@@ -168,7 +181,7 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch):
             # keys past the block's allowed prefix have P = 0 and V there may be anything (a
             # cache slot past kv_len): the matmul stops at the prefix (the traffic is counted
             # as the whole-row kernel's)
-            lim = C.allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
+            lim = allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
             for j0 in range(0, Skv, CHUNK):
                 n = min(CHUNK, Skv - j0)
                 for r in range(R):
@@ -178,7 +191,7 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch):
                         pf[r * n + j] = dtypes.widen(p_ws[b, kvh * G + g, i0 + ii, j0 + j])
                         if pf[r * n + j] != 0:
                             live[r] = np.float32(1.0)
-                C.tile_pv(pf, R, n, v, b, kvh, j0, ot, R >= C.GEMM_MIN_ROWS, max(0, min(n, lim - j0)))
+                tile_pv(pf, R, n, v, b, kvh, j0, ot, R >= GEMM_MIN_ROWS, max(0, min(n, lim - j0)))
                 for i in range(R * Dv):
                     acc[i] += ot[i]  # L0C accumulation across K steps (fp32)
                 gm_read += R * n * b_sz + n * Dv * b_sz
@@ -204,9 +217,9 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
     """Plan of :func:`standard`; TileError when a whole score row does not fit UB."""
     where = "attention.standard"
     prof = load_profile(profile)
-    B, Hq, Sq, D, Hkv, Skv, Dv = C.shapes_of(q_shape, k_shape, v_shape, where)
-    C.check_gqa(gqa, where)
-    expand = C.expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
+    B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
+    check_gqa(gqa, where)
+    expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
     G = Hq // Hkv
@@ -221,12 +234,12 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
     except ConstraintError as exc:
         raise ConstraintError(f"{exc}; or {hint}") from None
     row_ub = [
-        C.ub_tile("score_row_ub", 1, Skv, "fp32", prof),
-        C.ub_tile("exp_row_ub", 1, Skv, "fp32", prof),
-        C.ub_tile("p_row_ub", 1, Skv, dtype, prof),
+        ub_tile("score_row_ub", 1, Skv, "fp32", prof),
+        ub_tile("exp_row_ub", 1, Skv, "fp32", prof),
+        ub_tile("p_row_ub", 1, Skv, dtype, prof),
     ]
     if has_mask:
-        row_ub.append(C.ub_tile("mask_row_ub", 1, Skv, "fp32", prof))
+        row_ub.append(ub_tile("mask_row_ub", 1, Skv, "fp32", prof))
     need = sum(x.nbytes for x in row_ub)
     if need > prof.ub_bytes:
         raise TileError(
@@ -238,10 +251,10 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
             f"{where}: the row max/sum over Skv={Skv} fp32 scores is a {row_ub[0].nbytes} B "
             f"reduction tile, above the {prof.reduce_tile_max_bytes} B limit of {prof.name}; {hint}"
         )
-    qk = C.cube_buffers(where, Rmax, D, CHUNK, dtype, dtype, prof, hint)
-    pv = C.cube_buffers(where, Rmax, CHUNK, Dv, dtype, dtype, prof, hint)
+    qk = cube_buffers(where, Rmax, D, CHUNK, dtype, dtype, prof, hint)
+    pv = cube_buffers(where, Rmax, CHUNK, Dv, dtype, dtype, prof, hint)
     k1 = KernelPlan(name="scores", unit="cube", tasks=B * Hkv,
-                    buffers=qk + (C.ub_tile("s_out_ub", Rmax, CHUNK, "fp32", prof),),
+                    buffers=qk + (ub_tile("s_out_ub", Rmax, CHUNK, "fp32", prof),),
                     gm_read_bytes=rows * D * b + nq * B * Hkv * Skv * D * b,
                     gm_write_bytes=rows * Skv * 4, workspace_bytes=rows * Skv * 4,
                     cube_flops=2 * rows * Skv * D)
@@ -250,7 +263,7 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
                     gm_write_bytes=rows * Skv * b, workspace_bytes=rows * Skv * b,
                     vector_ops=rows * Skv * (ROW_OPS + (1 if has_mask else 0)))
     k3 = KernelPlan(name="pv", unit="cube", tasks=B * Hkv,
-                    buffers=pv + (C.ub_tile("o_ub", Rmax, Dv, "fp32", prof),),
+                    buffers=pv + (ub_tile("o_ub", Rmax, Dv, "fp32", prof),),
                     gm_read_bytes=rows * Skv * b + nq * B * Hkv * Skv * Dv * b,
                     gm_write_bytes=rows * Dv * b, cube_flops=2 * rows * Skv * Dv,
                     vector_ops=rows * Dv)
@@ -263,20 +276,20 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
 def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", profile=None):
     """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V."""
     where = "attention.standard"
-    a, p = C.prepare(where, q, k, v, profile, lambda a: plan_standard(
+    a, p = prepare(where, q, k, v, profile, lambda a: plan_standard(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, causal=a.causal, kv_len=a.kv_len,
         has_mask=a.has_mask, gqa=a.gqa),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
     qt = p.params["q_tile"]
     out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
     with Launch(p, a.shapes) as run:
-        kk, vk = C.run_expand(a, run)
+        kk, vk = run_expand(a, run)
         G = a.Hq // kk.shape[1]
         Rmax = G * qt
         s_ws = np.empty((a.B, a.Hq, a.Sq, a.Skv), np.float32)
         _, p_ws = dtypes.empty((a.B, a.Hq, a.Sq, a.Skv), a.dtype)
-        sc1 = tile.scratch(Rmax * a.D + Rmax * CHUNK + C.RES_SLOTS, np.float32)
-        kt = C.packed_keys(kk, CHUNK, Rmax)
+        sc1 = tile.scratch(Rmax * a.D + Rmax * CHUNK + RES_SLOTS, np.float32)
+        kt = packed_keys(kk, CHUNK, Rmax)
         with cube.dynamic_tasks(1):
             run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, kt, sc1),
                       workspace_bytes=s_ws.nbytes)
