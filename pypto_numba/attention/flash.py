@@ -244,18 +244,15 @@ def scratch_elems(Rmax, D, Dv, kv_tile, qg=1):
 
 
 def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
-    """T[b, qi]: the KV tiles a block runs (the same prefix rule as the kernel)."""
+    """T[b, qi]: the KV tiles a block runs (the kernel's prefix rule: the allowed keys of its last row)."""
     kv_len = kv_len_array(kv_len, B, Skv)
+    keys = allowed_keys.py_func  # the kernels' own rule, run as Python (no compile for the plan)
     nq = -(-Sq // qt)
     T = np.zeros((B, nq), dtype=np.int64)
     for b in range(B):
         for qi in range(nq):
             last = min(qi * qt + qt, Sq) - 1
-            lim = int(kv_len[b])
-            if causal:
-                lim = min(lim, last + lim - Sq + 1)
-            lim = max(min(lim, Skv), 0)
-            T[b, qi] = -(-lim // kv_tile)
+            T[b, qi] = -(-int(keys(b, last, Sq, Skv, kv_len, causal)) // kv_tile)
     return T
 
 
