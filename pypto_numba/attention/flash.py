@@ -24,6 +24,8 @@ Traffic (b = itemsize, R rows, n valid keys of a run tile, state row (Dv + 2)*4 
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from numba import prange
@@ -35,6 +37,7 @@ from ..machine.jit import device, kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
+from ..machine.scratch import Regions
 from ..machine.vmath import exp as vexp
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
@@ -64,10 +67,16 @@ COMBINE_ROW_OPS = 3  # per row and split: max, sub, exp of the weight
 COMBINE_ELEM_OPS = 2  # per output element and split: w*O_s and the add
 LSE_ROW_OPS = 2  # log and add
 
+# the kernel's per-thread scratch regions, in slab order (scratch_layout gives their bounds); the
+# running states are another slab (see the kernel)
+_SCRATCH = Regions("q_blocks", "scores", "p_tile", "o_tile", "m_tile", "l_tile", "dot_results")
+_Q_BLOCKS, _SCORES, _P_TILE, _O_TILE, _M_TILE, _L_TILE, _DOT_RESULTS = _SCRATCH.indices
+
 
 @kernel
 def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, mask, msb, msh,
-                  msi, msj, qt, qg, kv_tile, n_split, kt, scratch, state, part_m, part_l, part_o):
+                  msi, msj, qt, qg, kv_tile, n_split, kt, scratch, scratch_at, state, part_m, part_l,
+                  part_o):
     """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head[, split])
     through their KV tiles together (:func:`tasks.query_group`); each query tile is its own NPU task."""
     B, Hq, Sq, D = q.shape
@@ -89,17 +98,14 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
         grp = it - sp * (B * Hkv * ng)
         b, kvh, q_lo, members = group_task(grp, Hkv, nq, qg)
         sc = scratch[numba.get_thread_id()]
-        oq = qg * Rmax * D  # the members' Q blocks, then the tile buffers they share
-        o1 = oq + Rmax * kv_tile
-        o2 = o1 + Rmax * kv_tile
-        o4 = o2 + Rmax * Dv
-        o5 = o4 + Rmax
-        s = sc[oq:o1]
-        ph = sc[o1:o2]
-        ot = sc[o2:o4]
-        mt = sc[o4:o5]
-        lt = sc[o5:o5 + Rmax]
-        res = sc[o5 + Rmax:o5 + Rmax + RES_SLOTS]
+        at = scratch_at
+        qb = at[_Q_BLOCKS]
+        s = sc[at[_SCORES]:at[_SCORES + 1]]
+        ph = sc[at[_P_TILE]:at[_P_TILE + 1]]
+        ot = sc[at[_O_TILE]:at[_O_TILE + 1]]
+        mt = sc[at[_M_TILE]:at[_M_TILE + 1]]
+        lt = sc[at[_L_TILE]:at[_L_TILE + 1]]
+        res = sc[at[_DOT_RESULTS]:at[_DOT_RESULTS + 1]]
         # the running states get their own array (as slices of the tile scratch, the final read
         # of l was miscompiled: reordered before the merge's write, seen with numba 0.68)
         st = state[numba.get_thread_id()]
@@ -113,7 +119,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
             t_last = max(t_last, hi)
             m0 = u * sw
             reset_state(st[m0:m0 + Rmax], st[m0 + Rmax:m0 + 2 * Rmax], st[m0 + 2 * Rmax:m0 + sw], R, Dv)
-            load_q_block(q, b, kvh, G, i0, qv, sc[u * Rmax * D:(u + 1) * Rmax * D])
+            load_q_block(q, b, kvh, G, i0, qv, sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D])
             gm_read += R * D * b_sz
         for t in range(t_first, t_last):
             j0 = t * kv_tile
@@ -125,7 +131,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
                     continue
                 use_gemm = R >= GEMM_MIN_ROWS
                 m0 = u * sw
-                qf = sc[u * Rmax * D:(u + 1) * Rmax * D]  # this query tile's Q block
+                qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
                 tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                       has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
@@ -239,8 +245,11 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
     return tasks, gm_read, gm_write, vector_ops, 0
 
 
-def scratch_elems(Rmax, D, Dv, kv_tile, qg=1):
-    return qg * Rmax * D + 2 * Rmax * kv_tile + Rmax * Dv + 2 * Rmax + RES_SLOTS
+@functools.lru_cache(maxsize=256)
+def scratch_layout(Rmax, D, Dv, kv_tile, qg=1):
+    """The kernel's per-thread scratch: the members' Q blocks, then the tile buffers they share."""
+    return _SCRATCH.carve(q_blocks=qg * Rmax * D, scores=Rmax * kv_tile, p_tile=Rmax * kv_tile,
+                          o_tile=Rmax * Dv, m_tile=Rmax, l_tile=Rmax, dot_results=RES_SLOTS)
 
 
 def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
@@ -380,7 +389,8 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         Rmax = G * qt
         blocks = a.B * Hkv * (-(-a.Sq // qt))
         qg = query_group(blocks, -(-a.Sq // qt), Rmax, n_split)
-        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt, qg), np.float32)
+        layout = scratch_layout(Rmax, a.D, a.Dv, kvt, qg)
+        scratch = tile.scratch(layout.total, np.float32)
         state = tile.scratch(qg * Rmax * (a.Dv + 2), np.float32)
         ps = n_split if n_split > 1 else 1
         pb = blocks if n_split > 1 else 1
@@ -392,7 +402,7 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         with cube.dynamic_tasks(1):
             counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal,
                                     a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, qg, kvt,
-                                    n_split, kt, scratch, state, part_m, part_l, part_o)
+                                    n_split, kt, scratch, layout.bounds, state, part_m, part_l, part_o)
         run.count(counted, workspace_bytes=p.kernels[len(p.kernels) - (2 if n_split > 1 else 1)].workspace_bytes)
         if n_split > 1:
             run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt))

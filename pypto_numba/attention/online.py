@@ -22,6 +22,8 @@ Traffic (b = itemsize, R = G*qv rows, n_t = ceil(Skv/kv_tile), state row = (Dv +
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from numba import prange
@@ -32,6 +34,7 @@ from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
+from ..machine.scratch import Regions
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
 from .plans import check_ub, cube_buffers, fit_q_tile, merge_cube, ub_tile
@@ -52,10 +55,14 @@ from .tiles import (
 )
 from .validation import PV_CODE, check_gqa, check_pv, prepare, shapes_of
 
+# the kernel's per-thread scratch regions, in slab order (scratch_layout gives their bounds)
+_SCRATCH = Regions("q_blocks", "scores", "p_hi", "p_lo", "o_tile", "o_lo", "m_tile", "l_tile", "dot_results")
+_Q_BLOCKS, _SCORES, _P_HI, _P_LO, _O_TILE, _O_LO, _M_TILE, _L_TILE, _DOT_RESULTS = _SCRATCH.indices
+
 
 @kernel
 def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj,
-                   qt, qg, kv_tile, pv_mode, kt, scratch, ws_m, ws_l, ws_o):
+                   qt, qg, kv_tile, pv_mode, kt, scratch, scratch_at, ws_m, ws_l, ws_o):
     """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head) through
     the KV tiles together (:func:`tasks.query_group`); each query tile is its own NPU task with
     its state in ``ws_*[task]``."""
@@ -78,24 +85,19 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
     for it in prange(B * Hkv * ng):
         b, kvh, q_lo, members = group_task(it, Hkv, nq, qg)
         sc = scratch[numba.get_thread_id()]
-        oq = qg * Rmax * D  # the members' Q blocks, then the tile buffers they share
-        o1 = oq + Rmax * kv_tile
-        o2 = o1 + Rmax * kv_tile
-        o3 = o2 + Rmax * kv_tile
-        o5 = o3 + Rmax * Dv
-        o6 = o5 + Rmax * Dv
-        o7 = o6 + Rmax
-        s = sc[oq:o1]
-        ph = sc[o1:o2]
-        pl = sc[o2:o3]
-        ot = sc[o3:o5]
-        ot2 = sc[o5:o6]
-        mt = sc[o6:o7]
-        lt = sc[o7:o7 + Rmax]
-        res = sc[o7 + Rmax:o7 + Rmax + RES_SLOTS]
+        at = scratch_at
+        qb = at[_Q_BLOCKS]
+        s = sc[at[_SCORES]:at[_SCORES + 1]]
+        ph = sc[at[_P_HI]:at[_P_HI + 1]]
+        pl = sc[at[_P_LO]:at[_P_LO + 1]]
+        ot = sc[at[_O_TILE]:at[_O_TILE + 1]]
+        ot2 = sc[at[_O_LO]:at[_O_LO + 1]]
+        mt = sc[at[_M_TILE]:at[_M_TILE + 1]]
+        lt = sc[at[_L_TILE]:at[_L_TILE + 1]]
+        res = sc[at[_DOT_RESULTS]:at[_DOT_RESULTS + 1]]
         for u in range(members):
             i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
-            load_q_block(q, b, kvh, G, i0, qv, sc[u * Rmax * D:(u + 1) * Rmax * D])
+            load_q_block(q, b, kvh, G, i0, qv, sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D])
             gm_read += R * D * b_sz
         for t in range(n_t):
             j0 = t * kv_tile
@@ -107,7 +109,7 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
                 ms = ws_m[task]
                 ls = ws_l[task]
                 os = ws_o[task]
-                qf = sc[u * Rmax * D:(u + 1) * Rmax * D]  # this query tile's Q block
+                qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
                 tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                       has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
@@ -142,8 +144,12 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
     return tasks, gm_read, gm_write, vector_ops, cube_flops
 
 
-def scratch_elems(Rmax, D, Dv, kv_tile, qg=1):
-    return qg * Rmax * D + 3 * Rmax * kv_tile + 2 * Rmax * Dv + 2 * Rmax + RES_SLOTS
+@functools.lru_cache(maxsize=256)
+def scratch_layout(Rmax, D, Dv, kv_tile, qg=1):
+    """The kernel's per-thread scratch: the members' Q blocks, then the tile buffers they share."""
+    return _SCRATCH.carve(q_blocks=qg * Rmax * D, scores=Rmax * kv_tile, p_hi=Rmax * kv_tile,
+                          p_lo=Rmax * kv_tile, o_tile=Rmax * Dv, o_lo=Rmax * Dv, m_tile=Rmax,
+                          l_tile=Rmax, dot_results=RES_SLOTS)
 
 
 @memo_plan
@@ -244,7 +250,8 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
         Rmax = G * qt
         tasks = a.B * Hkv * nq
         qg = query_group(tasks, nq, Rmax)
-        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt, qg), np.float32)
+        layout = scratch_layout(Rmax, a.D, a.Dv, kvt, qg)
+        scratch = tile.scratch(layout.total, np.float32)
         ws_m = np.empty((tasks, Rmax), np.float32)
         ws_l = np.empty((tasks, Rmax), np.float32)
         ws_o = np.empty((tasks, Rmax * a.Dv), np.float32)
@@ -253,7 +260,7 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
         with cube.dynamic_tasks(1):
             counted = _online_kernel(a.q.kview, kk, vk, out_k, a.kv_len, a.causal, a.scale,
                                      a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, qg, kvt,
-                                     PV_CODE[p.params["pv"]], kt, scratch,
+                                     PV_CODE[p.params["pv"]], kt, scratch, layout.bounds,
                                      ws_m, ws_l, ws_o)
         run.count(counted, workspace_bytes=p.kernels[-1].workspace_bytes)
         run.workspace(a.copied_bytes)

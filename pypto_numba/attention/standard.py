@@ -18,6 +18,8 @@ it stays within the 64 KiB reduction tile: long sequences do not fit (``TileErro
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from numba import prange
@@ -29,6 +31,7 @@ from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan
 from ..machine.profile import load_profile
+from ..machine.scratch import Regions
 from ..machine.vmath import exp as vexp
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
@@ -49,9 +52,25 @@ ROW_OPS = 7  # per score element: scale, max, sub, exp, sum, divide, cast (+1 wi
 CHUNK = 128  # keys per cube step of the two matmul kernels
 Q_ROWS = 128  # rows of the [G*qt, D] block per cube step (qt = Q_ROWS // G query positions)
 
+# per-thread scratch regions of the scores and pv kernels, in slab order (*_layout: their bounds)
+_SCORES_SCRATCH = Regions("q_block", "scores", "dot_results")
+_Q_BLOCK, _SCORES, _DOT_RESULTS = _SCORES_SCRATCH.indices
+_PV_SCRATCH = Regions("p_chunk", "o_chunk", "o_acc", "live")
+_P_CHUNK, _O_CHUNK, _O_ACC, _LIVE = _PV_SCRATCH.indices
+
+
+@functools.lru_cache(maxsize=256)
+def scores_layout(Rmax, D):
+    return _SCORES_SCRATCH.carve(q_block=Rmax * D, scores=Rmax * CHUNK, dot_results=RES_SLOTS)
+
+
+@functools.lru_cache(maxsize=256)
+def pv_layout(Rmax, Dv):
+    return _PV_SCRATCH.carve(p_chunk=Rmax * CHUNK, o_chunk=Rmax * Dv, o_acc=Rmax * Dv, live=Rmax)
+
 
 @kernel
-def _scores_kernel(q, k, s_ws, qt, kt, scratch):
+def _scores_kernel(q, k, s_ws, qt, kt, scratch, scratch_at):
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -67,11 +86,10 @@ def _scores_kernel(q, k, s_ws, qt, kt, scratch):
         b = task // Hkv
         kvh = task - b * Hkv
         sc = scratch[numba.get_thread_id()]
-        o0 = Rmax * D
-        o1 = o0 + Rmax * CHUNK
-        qf = sc[0:o0]
-        s = sc[o0:o1]
-        res = sc[o1:o1 + RES_SLOTS]
+        at = scratch_at
+        qf = sc[at[_Q_BLOCK]:at[_Q_BLOCK + 1]]
+        s = sc[at[_SCORES]:at[_SCORES + 1]]
+        res = sc[at[_DOT_RESULTS]:at[_DOT_RESULTS + 1]]
         for qi in range(nq):
             i0 = qi * qt
             qv = min(qt, Sq - i0)
@@ -146,7 +164,7 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
 
 
 @kernel
-def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch):
+def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch, scratch_at):
     B, Hq, Sq, Skv = p_ws.shape
     Hkv = v.shape[1]
     Dv = v.shape[3]
@@ -163,13 +181,11 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch):
         b = task // Hkv
         kvh = task - b * Hkv
         sc = scratch[numba.get_thread_id()]
-        o0 = Rmax * CHUNK
-        o1 = o0 + Rmax * Dv
-        o2 = o1 + Rmax * Dv
-        pf = sc[0:o0]
-        ot = sc[o0:o1]
-        acc = sc[o1:o2]
-        live = sc[o2:o2 + Rmax]  # 1 where the row's P has a nonzero
+        at = scratch_at
+        pf = sc[at[_P_CHUNK]:at[_P_CHUNK + 1]]
+        ot = sc[at[_O_CHUNK]:at[_O_CHUNK + 1]]
+        acc = sc[at[_O_ACC]:at[_O_ACC + 1]]
+        live = sc[at[_LIVE]:at[_LIVE + 1]]  # 1 where the row's P has a nonzero
         for qi in range(nq):
             i0 = qi * qt
             qv = min(qt, Sq - i0)
@@ -288,16 +304,18 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
         Rmax = G * qt
         s_ws = np.empty((a.B, a.Hq, a.Sq, a.Skv), np.float32)
         _, p_ws = dtypes.empty((a.B, a.Hq, a.Sq, a.Skv), a.dtype)
-        sc1 = tile.scratch(Rmax * a.D + Rmax * CHUNK + RES_SLOTS, np.float32)
+        scores_at = scores_layout(Rmax, a.D)
+        sc1 = tile.scratch(scores_at.total, np.float32)
         kt = packed_keys(kk, CHUNK, Rmax)
         with cube.dynamic_tasks(1):
-            run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, kt, sc1),
+            run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, kt, sc1, scores_at.bounds),
                       workspace_bytes=s_ws.nbytes)
         msb, msh, msi, msj = a.mask_strides
         run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.scale, a.has_mask,
                                   a.mask_flat, msb, msh, msi, msj), workspace_bytes=p_ws.nbytes)
-        sc3 = tile.scratch(Rmax * CHUNK + 2 * Rmax * a.Dv + Rmax, np.float32)
+        pv_at = pv_layout(Rmax, a.Dv)
+        sc3 = tile.scratch(pv_at.total, np.float32)
         with cube.dynamic_tasks(1):
-            run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, sc3))
+            run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, sc3, pv_at.bounds))
         run.workspace(a.copied_bytes)
     return out
