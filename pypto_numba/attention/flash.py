@@ -47,6 +47,7 @@ from .tiles import (
     FINAL_ELEM_OPS,
     GEMM_MIN_ROWS,
     NEG_INF,
+    PV_STORAGE,
     RES_SLOTS,
     allowed_keys,
     load_q_block,
@@ -74,11 +75,52 @@ _Q_BLOCKS, _SCORES, _P_TILE, _O_TILE, _M_TILE, _L_TILE, _DOT_RESULTS = _SCRATCH.
 
 
 @kernel
-def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, mask, msb, msh,
-                  msi, msj, qt, qg, kv_tile, n_split, kt, scratch, scratch_at, state, part_m, part_l,
-                  part_o):
+def _flash_kernel(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    want_lse,
+    kv_len,
+    causal,
+    scale,
+    has_mask,
+    mask,
+    msb,
+    msh,
+    msi,
+    msj,
+    qt,
+    qg,
+    kv_tile,
+    n_split,
+    kt,
+    scratch,
+    scratch_at,
+    state,
+    part_m,
+    part_l,
+    part_o,
+):
     """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head[, split])
-    through their KV tiles together (:func:`tasks.query_group`); each query tile is its own NPU task."""
+    through their KV tiles together (:func:`tasks.query_group`); each query tile is its own NPU task.
+
+    Parameters
+    ----------
+    q, k, v, out : kernel views [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, Dv], [B, Hq, Sq, Dv]
+    lse, want_lse : fp32 [B, Hq, Sq] log-sum-exp, written when want_lse (and n_split == 1)
+    kv_len : int64 [B]; causal, scale : the validated options
+    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
+    n_split : KV splits per block (> 1: partials to part_*, merged by :func:`_combine_kernel`)
+    kt : K packed transposed (tiles.packed_keys; empty for decode-shaped tiles)
+    scratch, scratch_at : per-thread slabs and their region bounds (:func:`scratch_layout`)
+    state : per-thread running states, ``qg`` of (m, l, O) each
+    part_m, part_l, part_o : split partials [n_split, blocks, ...] (unused when n_split == 1)
+
+    Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
+    """
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -134,15 +176,15 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
                 qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
                 tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                      has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
+                                      has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, PV_STORAGE, q)
                 tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
                 merge_state(st[m0:m0 + Rmax], st[m0 + Rmax:m0 + 2 * Rmax], st[m0 + 2 * Rmax:m0 + sw],
                               mt, lt, ot, R, Dv)
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
                     gm_read += R * n * 4
-                vector_ops += tile_vector_ops(R, n, Dv, has_mask, 0)
-                cube_flops += tile_cube_flops(R, n, D, Dv, 0)
+                vector_ops += tile_vector_ops(R, n, Dv, has_mask, PV_STORAGE)
+                cube_flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
         for u in range(members):
             qi = q_lo + u
             i0, qv, R = query_tile(qi, qt, Sq, G)
@@ -187,7 +229,7 @@ def _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp):
 # The combine is a separate NPU kernel (counted as one), but on the CPU it runs on the calling
 # thread: it touches num_splits*B*Hq*Sq*(Dv+2) floats (split-KV only runs when there are fewer
 # blocks than cores, so a few KiB), and a parallel region costs a wake-up of the other thread,
-# measured at 10-16 ms on a loaded 2-core host (a whole decode step).
+# which on a loaded host can take as long as the whole decode step.
 @kernel(parallel=False)
 def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
     n_split = part_m.shape[0]
@@ -331,8 +373,8 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
                 for t in range(lo, hi):
                     n = min(kv_tile, Skv - t * kv_tile)
                     rd += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
-                    vec += tile_vector_ops(R, n, Dv, bool(has_mask), 0)
-                    flops += tile_cube_flops(R, n, D, Dv, 0)
+                    vec += tile_vector_ops(R, n, Dv, bool(has_mask), PV_STORAGE)
+                    flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
             if n_split == 1:
                 wr = R * Dv * b + (R * 4 if return_lse else 0)
                 vec += R * Dv * FINAL_ELEM_OPS + (R * LSE_ROW_OPS if return_lse else 0)

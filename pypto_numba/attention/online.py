@@ -42,6 +42,7 @@ from .tasks import group_task, query_group, query_tile
 from .tiles import (
     FINAL_ELEM_OPS,
     GEMM_MIN_ROWS,
+    PV_COMPENSATED,
     RES_SLOTS,
     load_q_block,
     merge_state,
@@ -61,11 +62,48 @@ _Q_BLOCKS, _SCORES, _P_HI, _P_LO, _O_TILE, _O_LO, _M_TILE, _L_TILE, _DOT_RESULTS
 
 
 @kernel
-def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj,
-                   qt, qg, kv_tile, pv_mode, kt, scratch, scratch_at, ws_m, ws_l, ws_o):
+def _online_kernel(
+    q,
+    k,
+    v,
+    out,
+    kv_len,
+    causal,
+    scale,
+    has_mask,
+    mask,
+    msb,
+    msh,
+    msi,
+    msj,
+    qt,
+    qg,
+    kv_tile,
+    pv_mode,
+    kt,
+    scratch,
+    scratch_at,
+    ws_m,
+    ws_l,
+    ws_o,
+):
     """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head) through
     the KV tiles together (:func:`tasks.query_group`); each query tile is its own NPU task with
-    its state in ``ws_*[task]``."""
+    its state in ``ws_*[task]``.
+
+    Parameters
+    ----------
+    q, k, v, out : kernel views [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, Dv], [B, Hq, Sq, Dv]
+    kv_len : int64 [B]; causal, scale : the validated options
+    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
+    pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32 (tiles.py)
+    kt : K packed transposed (tiles.packed_keys; empty for decode-shaped tiles)
+    scratch, scratch_at : per-thread slabs and their region bounds (:func:`scratch_layout`)
+    ws_m, ws_l, ws_o : the running state per NPU task (GM workspace)
+
+    Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
+    """
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -114,7 +152,7 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                       has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
                 tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
-                if pv_mode == 1:
+                if pv_mode == PV_COMPENSATED:
                     tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)
                     for i in range(R * Dv):
                         ot[i] += ot2[i]

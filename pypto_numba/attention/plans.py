@@ -1,4 +1,9 @@
-"""Plan helpers shared by the attention strategies: tile buffers, their fit, and kv_len as an array."""
+"""Plan helpers shared by the attention strategies: tile buffers, their fit, and kv_len as an array.
+
+Default query tiles (``attention_q_tile`` / ``flash_q_tile`` rows of the [G*q_tile, D] block) are
+halved until the tile buffers fit UB and the cube budgets (:func:`fit_q_tile`); an explicit
+``q_tile`` that does not fit raises TileError.
+"""
 
 from __future__ import annotations
 

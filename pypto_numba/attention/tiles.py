@@ -52,6 +52,11 @@ PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16
 RES_SLOTS = 16  # fp32 scratch slots per thread for the results of cube.dot4x4 (tile_scores)
 NEG_INF = np.float32(-np.inf)
 
+# how P meets V (the ``pv`` option; validation.PV_CODE maps its names to these codes)
+PV_STORAGE = 0  # P rounded to the storage dtype (the NPU)
+PV_COMPENSATED = 1  # P_hi + P_lo, both in the storage dtype: two P@V summed in fp32
+PV_FP32 = 2  # P kept in fp32
+
 # vector element-ops per (row, key) of a processed tile: scale, max, sub, exp, sum, cast of P;
 # +1 with a mask (add), +2 for the compensated residual (sub, cast)
 TILE_OPS = 6
@@ -253,17 +258,53 @@ def allowed_keys(b, i, Sq, Skv, kv_len, causal):
 
 
 @device
-def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                 has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, like):
+def tile_softmax(
+    s,
+    R,
+    n,
+    j0,
+    b,
+    kvh,
+    G,
+    i0,
+    qv,
+    Sq,
+    Skv,
+    kv_len,
+    causal,
+    scale,
+    has_mask,
+    mask,
+    msb,
+    msh,
+    msi,
+    msj,
+    mt,
+    lt,
+    ph,
+    pl,
+    pv_mode,
+    like,
+):
     """Scale, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype.
 
-    Writes ph (and pl only for pv_mode 1, so pl may alias ph otherwise) [R, n], mt[R], lt[R]. Returns the largest allowed key count
-    in the tile (keys past it have p = 0 in every row).
+    Writes ph (and pl only for PV_COMPENSATED, so pl may alias ph otherwise) [R, n], mt[R], lt[R].
+    Returns the largest allowed key count in the tile (keys past it have p = 0 in every row).
+
+    Parameters
+    ----------
+    s : the tile's scores [R, n] (flat fp32), scaled and masked in place
+    R, n, j0 : block rows, valid keys, the tile's first key
+    b, kvh, G, i0, qv : batch, KV head, query heads per KV head, first query position, positions
+    Sq, Skv, kv_len, causal : what decides the allowed keys (:func:`allowed_keys`)
+    scale, has_mask, mask, msb, msh, msi, msj : scale, the flat fp32 mask and its strides
+    mt, lt : the tile's row max and row sum (out)
+    ph, pl : P, and the rounding residual for PV_COMPENSATED (out)
+    pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32
+    like : an array of the storage dtype (P is rounded to it)
     """
-    # two passes over the rows: the row max is a short dependent chain per row, and with the exp
-    # of the same row right behind it the core waited on it; max first for every row, then exp
-    # (scale + max + exp of a 64 x 128 tile: 7.3 -> 5.9 us on one core, in cache; the same
-    # operations, so the same bits; causal prefill end to end 1.00-1.02x, inside the noise)
+    # two passes over the rows: every row's max first, then the exps, so the exp of a row does not
+    # wait on its max's dependent chain (the same operations, so the same bits)
     nmax = 0
     for r in range(R):
         c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n)
@@ -294,9 +335,9 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
         total = np.float32(0.0)
         if m == NEG_INF:  # no allowed key in this tile (or all -inf through the mask)
             uc = np.uint64(0)
-        elif pv_mode == 2:  # P in fp32 (s is a float32 array: no rounding)
+        elif pv_mode == PV_FP32:  # P in fp32 (s is a float32 array: no rounding)
             total = vsoftmax_exp(s, base, c, m, ph, s)
-        elif pv_mode == 1:  # compensated: P_hi + P_lo, both in the storage dtype
+        elif pv_mode == PV_COMPENSATED:  # compensated: P_hi + P_lo, both in the storage dtype
             total = vsoftmax_exp(s, base, c, m, ph, s)
             for j in range(uc):
                 e = ph[base + j]
@@ -307,7 +348,7 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
             total = vsoftmax_exp(s, base, c, m, ph, like)
         for j in range(uc, np.uint64(n)):
             ph[base + j] = np.float32(0.0)
-        if pv_mode == 1:
+        if pv_mode == PV_COMPENSATED:
             for j in range(uc, np.uint64(n)):
                 pl[base + j] = np.float32(0.0)
         lt[r] = total
@@ -384,14 +425,14 @@ def write_lse(ms, ls, R, lse, b, kvh, G, i0, qv):
 @device
 def tile_vector_ops(R, n, Dv, has_mask, pv_mode):
     """Vector element-ops of one processed tile (softmax pieces + merge)."""
-    per = TILE_OPS + (1 if has_mask else 0) + (2 if pv_mode == 1 else 0)
-    merge = MERGE_ROW_OPS + (MERGE_ELEM_OPS + (1 if pv_mode == 1 else 0)) * Dv
+    per = TILE_OPS + (1 if has_mask else 0) + (2 if pv_mode == PV_COMPENSATED else 0)
+    merge = MERGE_ROW_OPS + (MERGE_ELEM_OPS + (1 if pv_mode == PV_COMPENSATED else 0)) * Dv
     return R * n * per + R * merge
 
 
 @device
 def tile_cube_flops(R, n, D, Dv, pv_mode):
-    return 2 * R * n * D + 2 * R * n * Dv * (2 if pv_mode == 1 else 1)
+    return 2 * R * n * D + 2 * R * n * Dv * (2 if pv_mode == PV_COMPENSATED else 1)
 
 
 # prefill: K packed transposed (CPU layout for the outer-product blocks)
@@ -415,8 +456,7 @@ def _pack_keys_kernel(k, width, kt):
         src = ((np.uint64(b) * np.uint64(H) + np.uint64(h)) * np.uint64(S) + np.uint64(j0)) * uD
         un = np.uint64(n)
         # 16 keys at a time: their rows stay in L1 while each d writes one 64-byte line of K^T
-        # (key by key, every write went to another line of a 64 KiB tile: 5.7 -> 4.4 ms for
-        # 8 heads x 4096 keys x 128 fp32 on 2 threads)
+        # (key by key, every write went to another line of the tile)
         for jb in range(np.uint64(0), un, np.uint64(16)):
             je = min(jb + np.uint64(16), un)
             for d in range(uD):
@@ -440,7 +480,7 @@ def packed_keys(k, width: int, rows: int):
     B, H, S, D = k.shape
     nt = -(-S // width)
     # on 64-byte lines: the blocks load K^T in whole vectors, and one that straddles two lines
-    # costs twice (NumPy aligns to 16 bytes; causal fp32 prefill, H=8, S=4096, D=128: 3-4 %)
+    # costs twice (NumPy aligns to 16 bytes only)
     kt, _ = aligned_empty((B * H * nt * D * width,), "fp32")
     with cube.dynamic_tasks(1):
         _pack_keys_kernel(k, width, kt)

@@ -11,10 +11,11 @@ from .. import inputs
 from ..errors import ConstraintError, DTypeError, ShapeError
 from ..machine import dtypes
 from ..machine.memo import CallMemo
+from .tiles import PV_COMPENSATED, PV_FP32, PV_STORAGE
 
 GQA_MODES = ("head_loop", "expand_clone")
 PV_MODES = ("storage", "compensated", "fp32")
-PV_CODE = {"storage": 0, "compensated": 1, "fp32": 2}
+PV_CODE = {"storage": PV_STORAGE, "compensated": PV_COMPENSATED, "fp32": PV_FP32}
 
 
 class Args:
