@@ -42,7 +42,7 @@ from ..machine.vmath import exp as vexp
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
 from .plans import check_ub, cube_buffers, fit_q_tile, kv_len_array, merge_cube, ub_tile
-from .tasks import group_task, query_group, query_tile
+from .tasks import block_geometry, group_task, query_group, query_tile
 from .tiles import (
     FINAL_ELEM_OPS,
     GEMM_MIN_ROWS,
@@ -121,14 +121,7 @@ def _flash_kernel(
 
     Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
     """
-    B, Hq, Sq, D = q.shape
-    Hkv = k.shape[1]
-    Skv = k.shape[2]
-    Dv = v.shape[3]
-    G = Hq // Hkv
-    nq = (Sq + qt - 1) // qt
-    ng = (nq + qg - 1) // qg
-    Rmax = G * min(qt, Sq)
+    B, Hq, Sq, D, Hkv, Skv, Dv, G, nq, ng, Rmax = block_geometry(q, k, v, qt, qg)
     b_sz = q.itemsize
     tasks = 0
     gm_read = 0

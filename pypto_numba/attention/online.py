@@ -38,7 +38,7 @@ from ..machine.scratch import Regions
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
 from .plans import check_ub, cube_buffers, fit_q_tile, merge_cube, ub_tile
-from .tasks import group_task, query_group, query_tile
+from .tasks import block_geometry, group_task, query_group, query_tile
 from .tiles import (
     FINAL_ELEM_OPS,
     GEMM_MIN_ROWS,
@@ -104,15 +104,8 @@ def _online_kernel(
 
     Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
     """
-    B, Hq, Sq, D = q.shape
-    Hkv = k.shape[1]
-    Skv = k.shape[2]
-    Dv = v.shape[3]
-    G = Hq // Hkv
-    nq = (Sq + qt - 1) // qt
-    ng = (nq + qg - 1) // qg
+    B, Hq, Sq, D, Hkv, Skv, Dv, G, nq, ng, Rmax = block_geometry(q, k, v, qt, qg)
     n_t = (Skv + kv_tile - 1) // kv_tile
-    Rmax = G * min(qt, Sq)
     b_sz = q.itemsize
     state_row = (Dv + 2) * 4
     tasks = 0

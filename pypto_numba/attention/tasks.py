@@ -19,6 +19,22 @@ Q_GROUP = 4
 
 
 @device
+def block_geometry(q, k, v, qt, qg):
+    """The preamble of a tiled kernel: ``(B, Hq, Sq, D, Hkv, Skv, Dv, G, nq, ng, Rmax)`` for
+    query tiles of ``qt`` positions (``nq`` of them, block rows up to ``Rmax = G*qt``) walked in
+    groups of ``qg`` (``ng`` groups per (batch, KV head))."""
+    B, Hq, Sq, D = q.shape
+    Hkv = k.shape[1]
+    Skv = k.shape[2]
+    Dv = v.shape[3]
+    G = Hq // Hkv
+    nq = (Sq + qt - 1) // qt
+    ng = (nq + qg - 1) // qg
+    Rmax = G * min(qt, Sq)
+    return B, Hq, Sq, D, Hkv, Skv, Dv, G, nq, ng, Rmax
+
+
+@device
 def query_tile(qi, qt, Sq, G):
     """Query tile ``qi``: its first position ``i0``, valid positions ``qv`` and block rows ``G*qv``."""
     i0 = qi * qt
