@@ -169,10 +169,10 @@ def _flash_kernel(
                 qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
                 tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                      has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, PV_STORAGE, q)
+                                    has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, PV_STORAGE, q)
                 tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
                 merge_state(st[m0:m0 + Rmax], st[m0 + Rmax:m0 + 2 * Rmax], st[m0 + 2 * Rmax:m0 + sw],
-                              mt, lt, ot, R, Dv)
+                            mt, lt, ot, R, Dv)
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
                     gm_read += R * n * 4

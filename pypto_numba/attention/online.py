@@ -143,7 +143,7 @@ def _online_kernel(
                 qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
                 tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                      has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
+                                    has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
                 tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
                 if pv_mode == PV_COMPENSATED:
                     tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)

@@ -71,6 +71,8 @@ def pv_layout(Rmax, Dv):
 
 @kernel
 def _scores_kernel(q, k, s_ws, qt, kt, scratch, scratch_at):
+    """S = Q K^T into the GM workspace ``s_ws`` [B, Hq, Sq, Skv], one task per (batch, KV head),
+    CHUNK keys per step (``kt``: K packed transposed; ``scratch_at``: :func:`scores_layout`)."""
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -113,6 +115,8 @@ def _scores_kernel(q, k, s_ws, qt, kt, scratch, scratch_at):
 
 @kernel
 def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj):
+    """P = softmax(S*scale + mask) per whole score row, rounded to ``p_ws``'s storage dtype
+    (``mask``: flat fp32 with element strides msb, msh, msi, msj)."""
     B, Hq, Sq, Skv = s_ws.shape
     b_sz = p_ws.itemsize
     tasks = 0
@@ -165,6 +169,8 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
 
 @kernel
 def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch, scratch_at):
+    """out = P V (fp32 accumulation over CHUNK-key steps, one cast), one task per (batch, KV
+    head) (``scratch_at``: :func:`pv_layout`)."""
     B, Hq, Sq, Skv = p_ws.shape
     Hkv = v.shape[1]
     Dv = v.shape[3]
