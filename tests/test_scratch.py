@@ -43,3 +43,4 @@ def test_attention_layouts_are_the_former_hand_kept_offsets():
         o5 = o4 + Rmax
         assert list(flash.scratch_layout(Rmax, D, Dv, kv, qg).bounds) == [
             0, oq, o1, o2, o4, o5, o5 + Rmax, o5 + Rmax + 16]
+        assert list(flash.state_layout(Rmax, Dv).bounds) == [0, Rmax, 2 * Rmax, Rmax * (Dv + 2)]

@@ -72,6 +72,8 @@ LSE_ROW_OPS = 2  # log and add
 # running states are another slab (see the kernel)
 _SCRATCH = Regions("q_blocks", "scores", "p_tile", "o_tile", "m_tile", "l_tile", "dot_results")
 _Q_BLOCKS, _SCORES, _P_TILE, _O_TILE, _M_TILE, _L_TILE, _DOT_RESULTS = _SCRATCH.indices
+_STATE = Regions("m", "l", "o")  # one query tile's running state
+_STATE_M, _STATE_L, _STATE_O = _STATE.indices
 
 
 @kernel
@@ -99,6 +101,7 @@ def _flash_kernel(
     scratch,
     scratch_at,
     state,
+    state_at,
     part_m,
     part_l,
     part_o,
@@ -116,7 +119,8 @@ def _flash_kernel(
     n_split : KV splits per block (> 1: partials to part_*, merged by :func:`_combine_kernel`)
     kt : K packed transposed (tiles.packed_keys; empty for decode-shaped tiles)
     scratch, scratch_at : per-thread slabs and their region bounds (:func:`scratch_layout`)
-    state : per-thread running states, ``qg`` of (m, l, O) each
+    state, state_at : per-thread running states, ``qg`` of (m, l, O) each, and one's bounds
+    (:func:`state_layout`)
     part_m, part_l, part_o : split partials [n_split, blocks, ...] (unused when n_split == 1)
 
     Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
@@ -144,7 +148,10 @@ def _flash_kernel(
         # the running states get their own array (as slices of the tile scratch, the final read
         # of l was miscompiled: reordered before the merge's write, seen with numba 0.68)
         st = state[numba.get_thread_id()]
-        sw = Rmax * (Dv + 2)  # one member's state: m, l, O
+        sw = state_at[_STATE_O + 1]  # one member's state: m, l, O (state_layout), qg of them
+        om = state_at[_STATE_M]
+        ol = state_at[_STATE_L]
+        oo = state_at[_STATE_O]
         t_first = 1 << 62
         t_last = 0
         for u in range(members):
@@ -153,7 +160,7 @@ def _flash_kernel(
             t_first = min(t_first, lo)
             t_last = max(t_last, hi)
             m0 = u * sw
-            reset_state(st[m0:m0 + Rmax], st[m0 + Rmax:m0 + 2 * Rmax], st[m0 + 2 * Rmax:m0 + sw], R, Dv)
+            reset_state(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw], R, Dv)
             load_q_block(q, b, kvh, G, i0, qv, sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D])
             gm_read += R * D * b_sz
         for t in range(t_first, t_last):
@@ -171,7 +178,7 @@ def _flash_kernel(
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
                                     has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, PV_STORAGE, q)
                 tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
-                merge_state(st[m0:m0 + Rmax], st[m0 + Rmax:m0 + 2 * Rmax], st[m0 + 2 * Rmax:m0 + sw],
+                merge_state(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw],
                             mt, lt, ot, R, Dv)
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
@@ -182,9 +189,9 @@ def _flash_kernel(
             qi = q_lo + u
             i0, qv, R = query_tile(qi, qt, Sq, G)
             m0 = u * sw
-            ms = st[m0:m0 + Rmax]
-            ls = st[m0 + Rmax:m0 + 2 * Rmax]
-            os = st[m0 + 2 * Rmax:m0 + sw]
+            ms = st[m0 + om:m0 + ol]
+            ls = st[m0 + ol:m0 + oo]
+            os = st[m0 + oo:m0 + sw]
             if n_split == 1:
                 write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
                 gm_write += R * Dv * b_sz
@@ -278,6 +285,12 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
             vector_ops += R * LSE_ROW_OPS
         tasks += 1
     return tasks, gm_read, gm_write, vector_ops, 0
+
+
+@functools.lru_cache(maxsize=256)
+def state_layout(Rmax, Dv):
+    """One query tile's running state in the kernel's state slab (qg of them per thread)."""
+    return _STATE.carve(m=Rmax, l=Rmax, o=Rmax * Dv)
 
 
 @functools.lru_cache(maxsize=256)
@@ -426,7 +439,8 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         qg = query_group(blocks, -(-a.Sq // qt), Rmax, n_split)
         layout = scratch_layout(Rmax, a.D, a.Dv, kvt, qg)
         scratch = tile.scratch(layout.total, np.float32)
-        state = tile.scratch(qg * Rmax * (a.Dv + 2), np.float32)
+        state_at = state_layout(Rmax, a.Dv)
+        state = tile.scratch(qg * state_at.total, np.float32)
         ps = n_split if n_split > 1 else 1
         pb = blocks if n_split > 1 else 1
         part_m = np.empty((ps, pb, Rmax), np.float32)
@@ -437,7 +451,8 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         with cube.dynamic_tasks(1):
             counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal,
                                     a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, qg, kvt,
-                                    n_split, kt, scratch, layout.bounds, state, part_m, part_l, part_o)
+                                    n_split, kt, scratch, layout.bounds, state, state_at.bounds, part_m,
+                                    part_l, part_o)
         run.count(counted, workspace_bytes=p.kernels[len(p.kernels) - (2 if n_split > 1 else 1)].workspace_bytes)
         if n_split > 1:
             run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt))

@@ -18,7 +18,8 @@ def expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa):
 
 
 def run_expand(a, run):
-    """-> (k kview, v kview) to run on (``a``: validation.Args): the inputs, or their expanded copies (counted in run)."""
+    """-> (k kview, v kview) to run on (``a``: validation.Args): the inputs, or their expanded
+    copies (counted in ``run``)."""
     from .. import repeat_kv
 
     if a.gqa != "expand_clone" or a.G == 1:
