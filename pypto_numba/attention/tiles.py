@@ -1,0 +1,487 @@
+"""The tile bodies every attention strategy runs: Q K^T, the tile softmax, P @ V, the merge.
+
+Layout of one tile task (the PyPTO GQA decode layout, npu-facts 2.1): the ``G = Hq // Hkv`` query
+heads of KV head ``kvh`` and ``qv`` query positions ``i0 .. i0+qv-1`` form one ``[R = G*qv, D]``
+block, row ``r = g*qv + ii`` holding ``q[b, kvh*G + g, i0 + ii]``. The KV axis is walked in
+``kv_tile`` tiles; a tail tile has the valid shape ``n = min(kv_tile, Skv - j0)``.
+
+Per KV tile (the rounding points of the NPU)::
+
+    S = Q K^T            fp32 accumulation of storage-dtype operands (cube, L0C)
+    S = S*scale + mask   fp32 (vector)
+    m = rowmax(S)        over the allowed keys only (kv_len and causal give an allowed *prefix*)
+    p = exp(S - m)       fp32; disallowed keys give p = 0
+    l = rowsum(p)        fp32, of the unrounded p
+    P = round(p)         storage dtype (pv="storage"); "compensated": P_hi + P_lo, two matmuls
+    O = P V              fp32 accumulation
+    merge:  m' = max(m_s, m); a = exp(m_s - m'); c = exp(m - m'); l' = a l_s + c l; O' = a O_s + c O
+
+and at the end ``out = O / l`` (0 when ``l == 0``: fully masked rows give zeros, never NaN), cast
+once to the storage dtype. A row whose tile has no allowed key (or whose keys are all ``-inf``
+after the mask) contributes ``m = -inf, l = 0, O = 0`` and the merge leaves the state unchanged.
+
+Decode-shaped tiles (few rows) use hand-written loops that stream K and V once with the G rows
+reusing each K/V row from L1 (QK^T: blocks of 4 rows x 4 keys, :func:`machine.cube.dot4x4`, 16
+vector accumulators over D reduced together; PV: 4 rows x 4 keys per pass over the O rows), and
+prefetch the K/V rows ``PREFETCH_ROWS`` keys ahead (the NPU double-buffers its GM->L1 loads the
+same way). Tiles with >= GEMM_MIN_ROWS rows (prefill) use the outer-product register blocks of
+:func:`machine.cube.outer_rows` (mostly 6 rows x 64 columns in 24 fp32 vector accumulators):
+P @ V reads V as stored, Q K^T reads K packed transposed once per call (:func:`packed_keys`,
+shared by all query tiles of a head). Every score and output element is one chain of fp32 FMAs
+in ascending order of its reduction index, so the bits do not depend on the thread count. The
+tile softmax uses the 16-lane :func:`machine.vmath.rowmax` and :func:`machine.vmath.softmax_exp`,
+every row's max before the exps. Measurements: docs/perf/attn.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from ..machine import cube, dtypes
+from ..machine.jit import device, kernel
+from ..machine.tile import aligned_empty, prefetch_row
+from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
+from ..machine.vmath import rowmax as vrowmax  # the vector unit's row max (skips NaN)
+from ..machine.vmath import softmax_exp as vsoftmax_exp  # exp(s - m) -> P, and its sum
+
+GEMM_MIN_ROWS = 16  # tiles with at least this many rows (prefill) use cube.outer_rows for QK^T and PV
+PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
+RES_SLOTS = 16  # fp32 scratch slots per thread for the results of cube.dot4x4 (tile_scores)
+NEG_INF = np.float32(-np.inf)
+
+# how P meets V (the ``pv`` option; validation.PV_CODE maps its names to these codes)
+PV_STORAGE = 0  # P rounded to the storage dtype (the NPU)
+PV_COMPENSATED = 1  # P_hi + P_lo, both in the storage dtype: two P@V summed in fp32
+PV_FP32 = 2  # P kept in fp32
+
+# vector element-ops per (row, key) of a processed tile: scale, max, sub, exp, sum, cast of P;
+# +1 with a mask (add), +2 for the compensated residual (sub, cast)
+TILE_OPS = 6
+# per row of a processed tile: merge m' (1), a and c (2 sub + 2 exp), l' (3) = 8, and 3 per
+# output element (a*O_s, c*O, add); the compensated option adds one per output element (O_hi+O_lo)
+MERGE_ROW_OPS = 8
+MERGE_ELEM_OPS = 3
+# per output row: divide by l and cast (per element)
+FINAL_ELEM_OPS = 2
+
+
+@device
+def load_q_block(q, b, kvh, G, i0, qv, qf):
+    """qf[r*D + d] = q[b, kvh*G + g, i0 + ii, d] (fp32), r = g*qv + ii."""
+    D = q.shape[3]
+    for g in range(G):
+        for ii in range(qv):
+            base = (g * qv + ii) * D
+            for d in range(D):
+                qf[base + d] = dtypes.widen(q[b, kvh * G + g, i0 + ii, d])
+
+
+# The decode loops below index with uint64 values only (the rules: see machine/jit.py).
+
+
+@device
+def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
+    """s[r*n + j] = sum_d qf[r, d] * k[b, h, j0 + j, d] in fp32 (R rows, n keys); ``res``: 16 fp32
+    scratch slots (the results of :func:`cube.dot4x4`).
+
+    ``use_gemm`` (prefill): the outer-product blocks of :func:`cube.outer_rows` against ``kt``,
+    the keys packed transposed by :func:`packed_keys` in tiles of ``ktw`` keys (``j0`` a multiple
+    of ``ktw``); each score is summed over d in ascending order.
+    """
+    D = k.shape[3]
+    if use_gemm:
+        tile = (b * k.shape[1] + h) * ((k.shape[2] + ktw - 1) // ktw) + j0 // ktw  # packed tile index
+        cube.outer_rows(s, 0, n, qf, 0, D, kt, np.uint64(tile) * np.uint64(D * ktw), ktw, R, n, D)
+        return
+    # decode: blocks of 4 query rows x 4 keys (cube.dot4x4, the 16 sums reduced together) over the
+    # first whole vectors of D, the rest in plain code; leftover keys and rows below
+    ub = np.uint64(b)
+    uh = np.uint64(h)
+    uD = np.uint64(D)
+    un = np.uint64(n)
+    nv = uD // np.uint64(cube.DOT4X4_LANES)
+    dv = nv * np.uint64(cube.DOT4X4_LANES)
+    kbase = ((ub * np.uint64(k.shape[1]) + uh) * np.uint64(k.shape[2]) + np.uint64(j0)) * uD  # flat k[b, h, j0, 0]
+    n4 = n - n % 4
+    n2 = n - n % 2
+    r = 0
+    while r + 4 <= R:
+        q0 = np.uint64(r * D)
+        s0 = np.uint64(r * n)
+        for jj in range(0, n4, 4):
+            if r == 0:
+                for e in range(4):
+                    prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS + e)
+            j = np.uint64(jj)
+            kj = kbase + j * uD
+            cube.dot4x4(qf, q0, uD, k, kj, uD, nv, res)
+            for i in range(np.uint64(4)):
+                qi = q0 + i * uD
+                for e in range(np.uint64(4)):
+                    acc = res[i * np.uint64(4) + e]
+                    for d in range(dv, uD):  # the D % DOT4X4_LANES rest
+                        acc += qf[qi + d] * dtypes.widen(k[ub, uh, np.uint64(j0) + j + e, d])
+                    s[s0 + i * un + j + e] = acc
+        for jj in range(n4, n):
+            ja = np.uint64(j0 + jj)
+            for i in range(np.uint64(4)):
+                qi = q0 + i * uD
+                acc = np.float32(0.0)
+                for d in range(uD):
+                    acc += qf[qi + d] * dtypes.widen(k[ub, uh, ja, d])
+                s[s0 + i * un + np.uint64(jj)] = acc
+        r += 4
+    while r < R:
+        q0 = np.uint64(r * D)
+        s0 = np.uint64(r * n)
+        for jj in range(0, n2, 2):
+            if r == 0:  # R < 4: this row leads
+                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS)
+                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS + 1)
+            ja = np.uint64(j0 + jj)
+            jb = ja + np.uint64(1)
+            a0 = np.float32(0.0)
+            c0 = np.float32(0.0)
+            for d in range(uD):
+                x0 = qf[q0 + d]
+                a0 += x0 * dtypes.widen(k[ub, uh, ja, d])
+                c0 += x0 * dtypes.widen(k[ub, uh, jb, d])
+            s[s0 + np.uint64(jj)] = a0
+            s[s0 + np.uint64(jj + 1)] = c0
+        if n2 < n:
+            ja = np.uint64(j0 + n2)
+            a0 = np.float32(0.0)
+            for d in range(uD):
+                a0 += qf[q0 + d] * dtypes.widen(k[ub, uh, ja, d])
+            s[s0 + np.uint64(n2)] = a0
+        r += 1
+
+
+@device
+def tile_pv(p, R, n, v, b, h, j0, o, use_gemm, nmax):
+    """o[r*Dv + c] = sum_{j < n} p[r*n + j] * v[b, h, j0 + j, c] in fp32 (overwrites o).
+
+    ``nmax``: keys past it have p = 0 in every row (allowed prefix), so the loops stop there.
+    ``use_gemm`` (prefill): the outer-product blocks of :func:`cube.outer_rows`, V read as stored
+    (each output summed over the keys in ascending order).
+    """
+    Dv = v.shape[3]
+    if use_gemm:
+        # only the nmax keys some row may attend: V past kv_len may hold anything (a cache slot
+        # never written), and 0 * inf would be NaN
+        row = (b * v.shape[1] + h) * v.shape[2] + j0  # flat row of v[b, h, j0]
+        cube.outer_rows(o, 0, Dv, p, 0, n, v, np.uint64(row) * np.uint64(Dv), Dv, R, Dv, nmax)
+        return
+    for i in range(R * Dv):
+        o[i] = np.float32(0.0)
+    # decode: 4 rows x 4 keys per pass over the O rows (4 V loads, 4 O loads and stores per 16
+    # FMAs, vectorised over c); leftover rows one at a time
+    ub = np.uint64(b)
+    uh = np.uint64(h)
+    uDv = np.uint64(Dv)
+    j4 = nmax - nmax % 4
+    r = 0
+    while r + 4 <= R:
+        o0 = np.uint64(r * Dv)
+        o1 = o0 + uDv
+        o2 = o1 + uDv
+        o3 = o2 + uDv
+        pr = r * n
+        for jj in range(0, j4, 4):
+            if r == 0:
+                for e in range(4):
+                    prefetch_row(v, b, h, j0 + jj + PREFETCH_ROWS + e)
+            ja = np.uint64(j0 + jj)
+            jb = ja + np.uint64(1)
+            jc = ja + np.uint64(2)
+            jd = ja + np.uint64(3)
+            a0, a1, a2, a3 = p[pr + jj], p[pr + jj + 1], p[pr + jj + 2], p[pr + jj + 3]
+            q = pr + n
+            b0, b1, b2, b3 = p[q + jj], p[q + jj + 1], p[q + jj + 2], p[q + jj + 3]
+            q += n
+            c0, c1, c2, c3 = p[q + jj], p[q + jj + 1], p[q + jj + 2], p[q + jj + 3]
+            q += n
+            d0, d1, d2, d3 = p[q + jj], p[q + jj + 1], p[q + jj + 2], p[q + jj + 3]
+            for c in range(uDv):
+                w = dtypes.widen(v[ub, uh, ja, c])
+                x = dtypes.widen(v[ub, uh, jb, c])
+                y = dtypes.widen(v[ub, uh, jc, c])
+                z = dtypes.widen(v[ub, uh, jd, c])
+                o[o0 + c] += (a0 * w + a1 * x) + (a2 * y + a3 * z)
+                o[o1 + c] += (b0 * w + b1 * x) + (b2 * y + b3 * z)
+                o[o2 + c] += (c0 * w + c1 * x) + (c2 * y + c3 * z)
+                o[o3 + c] += (d0 * w + d1 * x) + (d2 * y + d3 * z)
+        for jj in range(j4, nmax):
+            ja = np.uint64(j0 + jj)
+            a0, b0, c0, d0 = p[pr + jj], p[pr + n + jj], p[pr + 2 * n + jj], p[pr + 3 * n + jj]
+            for c in range(uDv):
+                w = dtypes.widen(v[ub, uh, ja, c])
+                o[o0 + c] += a0 * w
+                o[o1 + c] += b0 * w
+                o[o2 + c] += c0 * w
+                o[o3 + c] += d0 * w
+        r += 4
+    while r < R:
+        o0 = np.uint64(r * Dv)
+        pr = r * n
+        for jj in range(0, j4, 4):
+            if r == 0:  # R < 4: this row leads
+                for e in range(4):
+                    prefetch_row(v, b, h, j0 + jj + PREFETCH_ROWS + e)
+            ja = np.uint64(j0 + jj)
+            jb = ja + np.uint64(1)
+            jc = ja + np.uint64(2)
+            jd = ja + np.uint64(3)
+            a0, a1, a2, a3 = p[pr + jj], p[pr + jj + 1], p[pr + jj + 2], p[pr + jj + 3]
+            for c in range(uDv):
+                o[o0 + c] += ((a0 * dtypes.widen(v[ub, uh, ja, c]) + a1 * dtypes.widen(v[ub, uh, jb, c]))
+                              + (a2 * dtypes.widen(v[ub, uh, jc, c]) + a3 * dtypes.widen(v[ub, uh, jd, c])))
+        for jj in range(j4, nmax):
+            ja = np.uint64(j0 + jj)
+            a0 = p[pr + jj]
+            for c in range(uDv):
+                o[o0 + c] += a0 * dtypes.widen(v[ub, uh, ja, c])
+        r += 1
+
+
+@device
+def allowed_keys(b, i, Sq, Skv, kv_len, causal):
+    """Number of keys query position i of batch b may attend: keys 0 .. result-1 (a prefix)."""
+    kvl = kv_len[b]
+    lim = kvl
+    if causal:
+        lim = min(kvl, i + kvl - Sq + 1)
+    return max(min(lim, Skv), 0)
+
+
+@device
+def tile_softmax(
+    s,
+    R,
+    n,
+    j0,
+    b,
+    kvh,
+    G,
+    i0,
+    qv,
+    Sq,
+    Skv,
+    kv_len,
+    causal,
+    scale,
+    has_mask,
+    mask,
+    msb,
+    msh,
+    msi,
+    msj,
+    mt,
+    lt,
+    ph,
+    pl,
+    pv_mode,
+    like,
+):
+    """Scale, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype.
+
+    Writes ph (and pl only for PV_COMPENSATED, so pl may alias ph otherwise) [R, n], mt[R], lt[R].
+    Returns the largest allowed key count in the tile (keys past it have p = 0 in every row).
+
+    Parameters
+    ----------
+    s : the tile's scores [R, n] (flat fp32), scaled and masked in place
+    R, n, j0 : block rows, valid keys, the tile's first key
+    b, kvh, G, i0, qv : batch, KV head, query heads per KV head, first query position, positions
+    Sq, Skv, kv_len, causal : what decides the allowed keys (:func:`allowed_keys`)
+    scale, has_mask, mask, msb, msh, msi, msj : scale, the flat fp32 mask and its strides
+    mt, lt : the tile's row max and row sum (out)
+    ph, pl : P, and the rounding residual for PV_COMPENSATED (out)
+    pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32
+    like : an array of the storage dtype (P is rounded to it)
+    """
+    # two passes over the rows: every row's max first, then the exps, so the exp of a row does not
+    # wait on its max's dependent chain (the same operations, so the same bits)
+    nmax = 0
+    for r in range(R):
+        c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n)
+        nmax = max(nmax, c)
+        base = np.uint64(r * n)  # the row in the flat tiles (uint64: vectorised loops)
+        uc = np.uint64(c)
+        if has_mask:
+            g = r // qv
+            i = i0 + r - g * qv
+            mbase = b * msb + (kvh * G + g) * msh + i * msi + j0 * msj
+            for j in range(c):
+                s[base + np.uint64(j)] = s[base + np.uint64(j)] * scale + mask[mbase + j * msj]
+        else:
+            for j in range(uc):
+                s[base + j] = s[base + j] * scale
+        m = vrowmax(s, base, c)
+        if m == NEG_INF:  # all allowed scores -inf, or NaN (the max skips NaN): NaN propagates
+            for j in range(uc):
+                if s[base + j] != s[base + j]:
+                    m = np.float32(np.nan)
+                    break
+        mt[r] = m
+    for r in range(R):
+        c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n)
+        base = np.uint64(r * n)
+        uc = np.uint64(c)
+        m = mt[r]
+        total = np.float32(0.0)
+        if m == NEG_INF:  # no allowed key in this tile (or all -inf through the mask)
+            uc = np.uint64(0)
+        elif pv_mode == PV_FP32:  # P in fp32 (s is a float32 array: no rounding)
+            total = vsoftmax_exp(s, base, c, m, ph, s)
+        elif pv_mode == PV_COMPENSATED:  # compensated: P_hi + P_lo, both in the storage dtype
+            total = vsoftmax_exp(s, base, c, m, ph, s)
+            for j in range(uc):
+                e = ph[base + j]
+                hi = dtypes.round_as(like, e)
+                ph[base + j] = hi
+                pl[base + j] = dtypes.round_as(like, e - hi)
+        else:
+            total = vsoftmax_exp(s, base, c, m, ph, like)
+        for j in range(uc, np.uint64(n)):
+            ph[base + j] = np.float32(0.0)
+        if pv_mode == PV_COMPENSATED:
+            for j in range(uc, np.uint64(n)):
+                pl[base + j] = np.float32(0.0)
+        lt[r] = total
+    return nmax
+
+
+@device
+def _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n):
+    """Allowed keys of block row ``r`` inside the tile at ``j0`` (``n`` keys): a prefix, 0 .. n."""
+    i = i0 + r - (r // qv) * qv
+    c = allowed_keys(b, i, Sq, Skv, kv_len, causal) - j0
+    return max(min(c, n), 0)
+
+
+@device
+def merge_state(ms, ls, os, mt, lt, ot, R, Dv):
+    """Online-softmax merge of a tile (mt, lt, ot) into the state (ms, ls, os), in place."""
+    for r in range(R):
+        m_new = max(ms[r], mt[r])
+        if mt[r] != mt[r] or ms[r] != ms[r]:  # max() drops NaN: a NaN tile max must reach the state
+            m_new = np.float32(np.nan)
+        if m_new == NEG_INF:
+            continue
+        a = vexp(ms[r] - m_new)
+        c = vexp(mt[r] - m_new)
+        ls[r] = a * ls[r] + c * lt[r]
+        ms[r] = m_new
+        base = np.uint64(r * Dv)
+        for d in range(np.uint64(Dv)):
+            os[base + d] = a * os[base + d] + c * ot[base + d]
+
+
+@device
+def reset_state(ms, ls, os, R, Dv):
+    for r in range(R):
+        ms[r] = NEG_INF
+        ls[r] = np.float32(0.0)
+    for i in range(R * Dv):
+        os[i] = np.float32(0.0)
+
+
+@device
+def write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv):
+    """out[b, kvh*G+g, i0+ii, :] = os[r] / ls[r], one cast to the storage dtype. l == 0 (a fully
+    masked row) gives exact zeros, whatever O holds: its P row is 0, but 0 * a non-finite V value
+    inside kv_len is NaN (a NaN row has l = NaN and stays NaN)."""
+    for r in range(R):
+        g = r // qv
+        ii = r - g * qv
+        h = kvh * G + g
+        l = ls[r]
+        inv = np.float32(1.0) / l if l > 0 else np.float32(0.0)
+        base = r * Dv
+        if l == 0:
+            for d in range(Dv):
+                out[b, h, i0 + ii, d] = dtypes.narrow(out, np.float32(0.0))
+            continue
+        for d in range(Dv):
+            out[b, h, i0 + ii, d] = dtypes.narrow(out, os[base + d] * inv)
+
+
+@device
+def write_lse(ms, ls, R, lse, b, kvh, G, i0, qv):
+    for r in range(R):
+        g = r // qv
+        ii = r - g * qv
+        l = ls[r]
+        if l != l:
+            lse[b, kvh * G + g, i0 + ii] = l  # NaN row
+        else:
+            lse[b, kvh * G + g, i0 + ii] = ms[r] + np.float32(math.log(l)) if l > 0 else NEG_INF
+
+
+@device
+def tile_vector_ops(R, n, Dv, has_mask, pv_mode):
+    """Vector element-ops of one processed tile (softmax pieces + merge)."""
+    per = TILE_OPS + (1 if has_mask else 0) + (2 if pv_mode == PV_COMPENSATED else 0)
+    merge = MERGE_ROW_OPS + (MERGE_ELEM_OPS + (1 if pv_mode == PV_COMPENSATED else 0)) * Dv
+    return R * n * per + R * merge
+
+
+@device
+def tile_cube_flops(R, n, D, Dv, pv_mode):
+    return 2 * R * n * D + 2 * R * n * Dv * (2 if pv_mode == PV_COMPENSATED else 1)
+
+
+# prefill: K packed transposed (CPU layout for the outer-product blocks)
+
+
+@kernel(boundscheck=False)
+def _pack_keys_kernel(k, width, kt):
+    B, H, S, D = k.shape
+    nt = (S + width - 1) // width
+    uw = np.uint64(width)
+    kf = k.reshape(-1)
+    for task in prange(B * H * nt):
+        bh = task // nt
+        t = task - bh * nt
+        b = bh // H
+        h = bh - b * H
+        j0 = t * width
+        n = min(width, S - j0)
+        uD = np.uint64(D)
+        base = np.uint64(task) * uD * uw
+        src = ((np.uint64(b) * np.uint64(H) + np.uint64(h)) * np.uint64(S) + np.uint64(j0)) * uD
+        un = np.uint64(n)
+        # 16 keys at a time: their rows stay in L1 while each d writes one 64-byte line of K^T
+        # (key by key, every write went to another line of the tile)
+        for jb in range(np.uint64(0), un, np.uint64(16)):
+            je = min(jb + np.uint64(16), un)
+            for d in range(uD):
+                for j in range(jb, je):
+                    kt[base + d * uw + j] = dtypes.widen(kf[src + j * uD + d])
+    return 0
+
+
+def packed_keys(k, width: int, rows: int):
+    """K transposed per KV tile for the prefill blocks of :func:`tile_scores`: flat fp32
+    ``[B*Hkv*ceil(Skv/width), D, width]`` (tile t of head (b, h) holds ``k[b, h, t*width + j, d]``
+    at ``[d, j]``), widened exactly from 16-bit storage. ``rows``: the most rows a tile of the
+    call has; below GEMM_MIN_ROWS (decode) no tile uses it and an empty array is returned.
+
+    A CPU layout, not NPU traffic (the cube reads K^T from L1 without a copy): it is built once
+    per call and shared by every query tile of a head, so the blocks of the Q K^T GEMM need no
+    horizontal sums and no per-tile transposes.
+    """
+    if rows < GEMM_MIN_ROWS:
+        return np.empty(0, np.float32)
+    B, H, S, D = k.shape
+    nt = -(-S // width)
+    # on 64-byte lines: the blocks load K^T in whole vectors, and one that straddles two lines
+    # costs twice (NumPy aligns to 16 bytes only)
+    kt, _ = aligned_empty((B * H * nt * D * width,), "fp32")
+    with cube.dynamic_tasks(1):
+        _pack_keys_kernel(k, width, kt)
+    return kt
