@@ -51,7 +51,7 @@ thread count); each tile task reduces serially, so results are bit-identical for
 threads. ``prange`` reductions are used only for the integer cost counters. Per-thread scratch is
 allocated in Python (``machine/tile.py``, one cache-line-aligned slab per thread) because
 ``numba.get_num_threads()`` inside a kernel makes it uncacheable. ``np.dot`` inside ``prange``
-needs SciPy's OpenBLAS on one thread (``machine/cube.py``).
+needs SciPy's OpenBLAS on one thread (``machine/cube/blas.py``).
 
 Cache pitfalls
 --------------
