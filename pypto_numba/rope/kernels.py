@@ -21,7 +21,7 @@ from ..machine import dtypes
 from ..machine.jit import device, kernel
 from ..machine.tile import LINE, stream_lines
 from ..machine.tile import copy as _copy
-from ..machine.tile import store_fence as _store_fence
+from .lines import end_task, first_partial, put_row
 from .rotate_ir import _rotate, _rotate_direct
 
 ROPE_OPS = 3  # per rotated element: 2 mul + 1 add/sub
@@ -46,24 +46,6 @@ def _rotate_tokens(of, xf, cflat, sflat, x0, c0, valid, H, uD, uR, uHD):
             off = hoff + np.uint64(t) * uHD
             _rotate_direct(of, off, xf, cflat, sflat, c0 + np.uint64(t) * uR, uhalf)
             stream_lines(of, off + uR, xf, off + uR, (uD - uR) * size)  # pass-through dims
-
-
-@device
-def _flush(staged, k, of, e, pre, L):
-    """Write ``staged[0:k]`` to ``of[e:e+k]``: the first ``pre`` elements (up to the task's first
-    line boundary) with plain stores, then every whole 64-byte line with streaming stores; the
-    rest (< one line) moves to the front of ``staged`` for the next head row. All uint64.
-    Returns (e, k, pre) after the write."""
-    p = min(pre, k)
-    if p:
-        _copy(staged, np.uint64(0), of, e, p)
-    n = (k - p) & ~(L - np.uint64(1))  # whole lines (L is a power of two: no division)
-    stream_lines(of, e + p, staged, p, n * np.uint64(of.itemsize))
-    done = p + n
-    rest = k - done
-    for i in range(rest):  # ascending: safe for the overlapping move to the front
-        staged[i] = staged[done + i]
-    return e + done, rest, pre - p
 
 
 @kernel
@@ -118,9 +100,7 @@ def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do
         row0 = lead * S + s0
         e = np.uint64(row0) * uHD  # next element of out to write
         k = np.uint64(0)  # elements waiting in staged
-        pre = np.uint64(0)  # elements before the task's first line boundary (plain stores)
-        if stream:
-            pre = (L - (addr0 + e * size) % np.uint64(LINE) // size) % L
+        pre = first_partial(e, addr0, size, L, stream)
         if direct:  # fp32 rope alone, line-aligned head rows: from registers to GM, no staging
             _rotate_tokens(of, xf, cflat, sflat, e, np.uint64(cbase[lead] + s0) * uR, valid, H, uD, uR, uHD)
         for t in range(0 if direct else valid):
@@ -149,15 +129,8 @@ def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do
                     _rotate(xf, off, staged, k, cf, sf, uhalf)
                     _copy(xf, off + uR, staged, k + uR, uD - uR)  # pass-through: bit copy
                 k += uD
-                if stream:
-                    e, k, pre = _flush(staged, k, of, e, pre, L)
-                else:
-                    _copy(staged, np.uint64(0), of, e, k)
-                    e += k
-                    k = np.uint64(0)
-        if stream:
-            _copy(staged, np.uint64(0), of, e, k)  # the partial line at the task's end
-            _store_fence()
+                e, k, pre = put_row(staged, k, of, e, pre, L, stream)
+        end_task(staged, k, of, e, stream)
         rows = valid * H
         tasks += 1
         gm_read += rows * D * b
@@ -216,9 +189,7 @@ def _interleaved_kernel(x, cos, sin, cbase, out, S, H, T, cast, stream, fscratch
         row0 = lead * S + s0
         e = np.uint64(row0) * uHD
         kk = np.uint64(0)
-        pre = np.uint64(0)
-        if stream:
-            pre = (L - (addr0 + e * size) % np.uint64(LINE) // size) % L
+        pre = first_partial(e, addr0, size, L, stream)
         for t in range(valid):
             crow = cbase[lead] + s0 + t
             for k in range(uhalf):  # gathermask mode 1 (even) and mode 2 (odd) of cos and sin
@@ -242,15 +213,8 @@ def _interleaved_kernel(x, cos, sin, cbase, out, S, H, T, cast, stream, fscratch
                     staged[kk + two * k + 1] = dtypes.narrow(staged, yo[k])
                 _copy(xf, off + uR, staged, kk + uR, uD - uR)
                 kk += uD
-                if stream:
-                    e, kk, pre = _flush(staged, kk, of, e, pre, L)
-                else:
-                    _copy(staged, np.uint64(0), of, e, kk)
-                    e += kk
-                    kk = np.uint64(0)
-        if stream:
-            _copy(staged, np.uint64(0), of, e, kk)  # the partial line at the task's end
-            _store_fence()
+                e, kk, pre = put_row(staged, kk, of, e, pre, L, stream)
+        end_task(staged, kk, of, e, stream)
         rows = valid * H
         tasks += 1
         gm_read += rows * D * b + 2 * valid * R * b
