@@ -19,9 +19,47 @@ COMBINE_OPS = 2  # mul, add per expert term
 
 
 @kernel
-def _gating_kernel(logits, bias, use_bias, bias_itemsize, softmax, n_group, topk_group, top2,
-                   top_k, renormalize, eps, scale, tile, weights, ids,
-                   s_scr, sel_scr, gs_scr, gmax_scr, gv_scr, gi_scr, el_scr, v_scr, i_scr, cand_scr):
+def _gating_kernel(
+    logits,
+    bias,
+    use_bias,
+    bias_itemsize,
+    softmax,
+    n_group,
+    topk_group,
+    top2,
+    top_k,
+    renormalize,
+    eps,
+    scale,
+    tile,
+    weights,
+    ids,
+    s_scr,
+    sel_scr,
+    gs_scr,
+    gmax_scr,
+    gv_scr,
+    gi_scr,
+    el_scr,
+    v_scr,
+    i_scr,
+    cand_scr,
+):
+    """Sigmoid or softmax scores, the group filter, the top-k and the weights of each token.
+
+    Parameters
+    ----------
+    logits : [T, E] kernel view
+    bias, use_bias, bias_itemsize : fp32 correction bias[E] (a dummy without one), its storage itemsize
+    softmax : softmax scores (else sigmoid)
+    n_group, topk_group, top2 : the group filter (top2: group score = sum of the top two, else max)
+    top_k, renormalize, eps, scale : the picks and how their weights are normalised and scaled
+    tile : tokens per task
+    weights, ids : the outputs, fp32[T, top_k] and int32[T, top_k]
+    s_scr ... cand_scr : per-thread scratch rows: scores, selection scores, group scores, group
+        max/second max, group top-k values/ids, eligible groups, top-k values/ids, candidates
+    """
     T, E = logits.shape
     gsize = E // n_group
     n_tasks = (T + tile - 1) // tile
@@ -155,7 +193,25 @@ def _gating_kernel(logits, bias, use_bias, bias_itemsize, softmax, n_group, topk
 
 
 @kernel
-def _combine_kernel(x, w, w_itemsize, out, tile, h_tile, acc_scr):
+def _combine_kernel(
+    x,
+    w,
+    w_itemsize,
+    out,
+    tile,
+    h_tile,
+    acc_scr,
+):
+    """``out[t, :] = sum_j w[t, j] * x[t, j, :]`` in fp32, one cast; a task = token tile x h tile.
+
+    Parameters
+    ----------
+    x : [T, k, H] kernel view of the expert outputs
+    w, w_itemsize : fp32 weights[T, k] and their storage itemsize (counted GM bytes)
+    out : [T, H] kernel view
+    tile, h_tile : tokens and hidden elements per task
+    acc_scr : [threads, h_tile] fp32 accumulator rows
+    """
     T, K, H = x.shape
     n_tt = (T + tile - 1) // tile
     n_ht = (H + h_tile - 1) // h_tile
@@ -171,7 +227,6 @@ def _combine_kernel(x, w, w_itemsize, out, tile, h_tile, acc_scr):
         c0 = (task % n_ht) * h_tile
         cols = min(H, c0 + h_tile) - c0
         # slices of exactly the tile's valid width: with them LLVM vectorises the h loops
-        # (indexing x[t, j][c0 + h] measured 2.5x slower)
         acc = acc_scr[numba.get_thread_id()][:cols]
         for t in range(r0, r1):
             acc[:] = np.float32(0.0)

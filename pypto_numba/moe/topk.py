@@ -13,10 +13,9 @@ def _push_desc(vals, idx, v, i):
     """Insert (v, i) into the full descending list ``vals`` when ``v > vals[-1]``.
 
     Branch-free: every position takes the carried entry where ``v > vals[j]`` (from the insertion
-    point on, as the list is sorted) and passes its own entry on. A data-dependent shift loop
-    mispredicted its exit on most of the ~30 insertions per row (k = 8 of 128 eligible scores)
-    and measured ~1.5x slower. Candidates arrive in increasing index order and an entry equal to ``v``
-    stays ahead of it (strict ``>``), so ties go to the lower index.
+    point on, as the list is sorted) and passes its own entry on; a data-dependent shift loop
+    would mispredict its exit on most insertions. Candidates arrive in increasing index order and
+    an entry equal to ``v`` stays ahead of it (strict ``>``), so ties go to the lower index.
     """
     carry_v = v
     carry_i = np.int32(i)
@@ -34,8 +33,8 @@ def _push_desc(vals, idx, v, i):
 def _scan_desc(scores, lo, hi, vals, idx):
     """Offer ``scores[lo:hi]`` (in index order) to the full descending list ``vals``.
 
-    A separate function with the k-th value in a register: inlined into the kernel body the
-    compiler reloaded it on every element (the stores of _push_desc may alias), 3x slower.
+    A separate function with the k-th value in a register: inlined into the kernel body, the
+    compiler reloads it on every element (the stores of _push_desc may alias).
     """
     last = vals.size - 1
     kth = vals[last]

@@ -46,19 +46,17 @@ kernel could use. With the default ``token_tile`` the plan lowers T until the ti
 in ``plan.params["token_tile"]``); an explicit ``token_tile`` that does not fit is a TileError.
 
 On the CPU each head row's D results are computed into a small per-thread staging row (the out
-tile in UB) by one LLVM IR loop for every dtype (:func:`_rotate`: 16-lane steps, exact widening
-on load, one rounding on store), and written out at once. fp32 rope alone on line-aligned head
-rows skips the staging: each row goes from registers to GM, and a task walks its T tokens head
-row by head row across the tokens, keeping T line streams in flight (:func:`_rotate_tokens`).
-A task's output (T tokens x H x D) is one contiguous run of out; for outputs of >= ``STREAM_MIN_BYTES`` (4 MiB) every whole 64-byte line of that run is
-written with a streaming (non-temporal) store -- the partial line between two head rows is
-carried over in the staging row, only the partial lines at the task's two ends get plain stores
--- which skips the read-for-ownership of the destination lines that otherwise costs a third of
-the DRAM traffic of this memory-bound op (whole lines: a line that gets both plain and streaming
-stores, or is streamed in two halves, is the slow case). Every strategy takes ``out=`` (x's shape
-and dtype; ``out=x`` works in place: a head row is read before it is written). A fresh output
-costs its page faults on top (the kernel zeroes each new page before the first write): pass
-``out=`` to reuse one.
+tile in UB) by one LLVM IR loop for every dtype (``rotate_ir._rotate``: 16-lane steps, exact
+widening on load, one rounding on store; ``rotate_plain`` is its readable form), and written
+out at once. fp32 rope alone on line-aligned head rows skips the staging: each row goes from
+registers to GM, and a task walks its T tokens head row by head row across the tokens, keeping
+T line streams in flight (``kernels._rotate_tokens``). A task's output (T tokens x H x D) is
+one contiguous run of out; for outputs of >= ``STREAM_MIN_BYTES`` (4 MiB) every whole 64-byte
+line of that run is written with a streaming (non-temporal) store (``lines``), which skips the
+read-for-ownership of the destination lines that otherwise costs a third of the DRAM traffic of
+this memory-bound op. Every strategy takes ``out=`` (x's shape and dtype; ``out=x`` works in
+place: a head row is read before it is written). A fresh output costs its page faults on top
+(the kernel zeroes each new page before the first write): pass ``out=`` to reuse one.
 
 Vector ops per element (cast = 1 for bf16/fp16, else 0; rows = N*H): rope 3 per rotated element
 (2 mul + 1 add) + cast*(2 per rotated element + 2R per token for cos/sin); interleaved adds 2 per
@@ -66,8 +64,10 @@ rotated element (gathermask split + assemble back) and 2R per token (gathermask 
 rmsnorm 4 per element (square, add, *rstd, *w) + 3 per row (/D, +eps, rsqrt) + cast*(2 per
 element + D per task for the weight); fused = rmsnorm + rope with the casts of the norm only.
 
-The package: ``rotate_ir`` (the rotation of one head row in LLVM IR), ``kernels`` (the numba
-kernels), ``plans`` (shapes, tiles and counted cost), ``public`` (the strategies and cos_sin).
+The package: ``rotate_ir`` (the rotation of one head row in LLVM IR), ``rotate_plain`` (its
+readable form in plain numba loops, same bits), ``lines`` (how a task writes its rows: whole
+lines, streaming stores), ``kernels`` (the numba kernels), ``plans`` (shapes, tiles and counted
+cost), ``public`` (the strategies, their call memo, and cos_sin).
 """
 
 from .plans import plan_cos_sin, plan_fused_rmsnorm, plan_interleaved, plan_rmsnorm, plan_standard

@@ -3,10 +3,9 @@
 x and out come in as [tokens, H*D] kernel views (one token of all heads is contiguous), cos
 and sin as [table rows, R]; cbase[l] is the first table row of leading index l (broadcasting
 over the leading dims of x). Each token's H*D results are computed into a per-thread staging
-row (the out tile in UB) and then copied out to GM in one go -- with streaming stores when
-``stream`` (large outputs).
-Per-thread scratch comes in as arguments: numba.get_num_threads() inside a kernel would make
-it uncacheable.
+row (the out tile in UB) and then written out to GM (``lines``: whole lines with streaming
+stores when ``stream``, large outputs). Per-thread scratch comes in as arguments (see
+machine/jit.py).
 """
 
 from __future__ import annotations
@@ -31,13 +30,32 @@ ROW_OPS = 3  # per row: *1/D, +eps, rsqrt
 
 
 @device
-def _rotate_tokens(of, xf, cflat, sflat, x0, c0, valid, H, uD, uR, uHD):
-    """fp32 rope of ``valid`` consecutive tokens (x and out from flat element ``x0``, the tables
-    from flat element ``c0``) straight from x to out (:func:`_rotate_stream`), head row by head
-    row *across* the tokens: head h of token 0, 1, ... then head h+1. Each token's ``H*D`` run
-    is its own stream of lines, so the task keeps ``valid`` streams of DRAM reads and writes in
-    flight instead of one: 1.10-1.18x over walking one token at a time (copy-bound, 2 threads,
-    x[4096, 32, 128]). Every head row takes the same operations either way (same bits)."""
+def _rotate_tokens(
+    of,
+    xf,
+    cflat,
+    sflat,
+    x0,
+    c0,
+    valid,
+    H,
+    uD,
+    uR,
+    uHD,
+):
+    """fp32 rope of ``valid`` consecutive tokens straight from x to out (``rotate_ir._rotate_stream``),
+    head row by head row *across* the tokens: head h of token 0, 1, ... then head h+1. Each
+    token's ``H*D`` run is its own stream of lines, so the task keeps ``valid`` streams of DRAM
+    reads and writes in flight instead of one. Every head row takes the same operations either
+    way (same bits).
+
+    Parameters
+    ----------
+    of, xf : flat fp32 out and x; the task's tokens start at element ``x0``
+    cflat, sflat, c0 : flat fp32 cos/sin tables; the first token's row starts at element ``c0``
+    valid, H : tokens of the task, heads per token
+    uD, uR, uHD : D, R and H*D as uint64
+    """
     size = np.uint64(of.itemsize)
     uhalf = uR // np.uint64(2)
     for h in range(H):
@@ -49,16 +67,45 @@ def _rotate_tokens(of, xf, cflat, sflat, x0, c0, valid, H, uD, uR, uHD):
 
 
 @kernel
-def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do_rope, cast, stream, direct, fscratch, oscratch):
+def _norm_rope_kernel(
+    x,
+    weight,
+    cos,
+    sin,
+    cbase,
+    out,
+    S,
+    H,
+    T,
+    eps,
+    do_norm,
+    do_rope,
+    cast,
+    stream,
+    direct,
+    fscratch,
+    oscratch,
+):
     """rmsnorm (do_norm), standard rope (do_rope), or both fused with fp32 in between.
 
-    x and out are [tokens, H*D] kernel views; a task's output (T tokens x H*D) is one contiguous
-    run of ``out``. Each head row is computed into a small staging row (the out tile in UB) and
-    written out at once: with ``stream``, by whole-line streaming stores (the partial lines at
-    the two ends of the task with plain stores, the partial line between two head rows carried
-    over in the staging row), else by plain stores. ``direct`` (fp32 rope without norm, every
-    head row and its rotary halves line-aligned): no staging, the task's tokens rotated head row
-    by head row across the tokens (:func:`_rotate_tokens`).
+    Each head row is computed into a small staging row (the out tile in UB) and written out at
+    once (``lines``). ``direct`` (fp32 rope without norm, every head row and its rotary halves
+    line-aligned): no staging, the task's tokens rotated head row by head row across the tokens
+    (:func:`_rotate_tokens`).
+
+    Parameters
+    ----------
+    x, out : [tokens, H*D] kernel views
+    weight : [D] kernel view (norm)
+    cos, sin : [table rows, R] kernel views (rope)
+    cbase : int64[n_lead], the first table row of each leading index
+    S, H, T : positions, heads, tokens per task
+    eps : the norm's epsilon
+    do_norm, do_rope : which of the two the kernel does
+    cast : 1 for a 16-bit storage dtype, else 0 (counted casts)
+    stream, direct : streaming stores; the fp32 registers-to-GM path
+    fscratch : [threads, 4, max(D, R)] fp32 rows (normed row, weight, cos, sin)
+    oscratch : [threads, D + one line] staging rows in out's kernel dtype
     """
     HD = x.shape[1]
     D = HD // H
@@ -104,7 +151,7 @@ def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do
         if direct:  # fp32 rope alone, line-aligned head rows: from registers to GM, no staging
             _rotate_tokens(of, xf, cflat, sflat, e, np.uint64(cbase[lead] + s0) * uR, valid, H, uD, uR, uHD)
         for t in range(0 if direct else valid):
-            if do_rope:  # this token's cos/sin rows, widened (flat, uint64: vectorised)
+            if do_rope:  # this token's cos/sin rows, widened (flat, uint64 indices: see machine/jit.py)
                 cb = np.uint64(cbase[lead] + s0 + t) * uR
                 for i in range(uR):
                     cf[i] = dtypes.widen(cflat[cb + i])
@@ -149,8 +196,28 @@ def _norm_rope_kernel(x, weight, cos, sin, cbase, out, S, H, T, eps, do_norm, do
 
 
 @kernel
-def _interleaved_kernel(x, cos, sin, cbase, out, S, H, T, cast, stream, fscratch, oscratch):
-    """GPT-J RoPE: gathermask even/odd split (modes 1/2) to fp32, rotate, assemble interleaved."""
+def _interleaved_kernel(
+    x,
+    cos,
+    sin,
+    cbase,
+    out,
+    S,
+    H,
+    T,
+    cast,
+    stream,
+    fscratch,
+    oscratch,
+):
+    """GPT-J RoPE: gathermask even/odd split (modes 1/2) to fp32, rotate, assemble interleaved.
+
+    Parameters
+    ----------
+    x, out, cos, sin, cbase, S, H, T, cast, stream : as :func:`_norm_rope_kernel`
+    fscratch : [threads, 8, R/2] fp32 rows (x, cos, sin even/odd halves, rotated halves)
+    oscratch : [threads, D + one line] staging rows in out's kernel dtype
+    """
     HD = x.shape[1]
     D = HD // H
     R = cos.shape[1]

@@ -78,8 +78,8 @@ def _check_tables(where, x_shape, c_shape):
 def _table_rows(x_shape, c_shape, S):
     """cbase[l]: first table row used by leading index l of x (int64, one per leading index).
 
-    Kept per shape (the kernels only read it): building it takes NumPy ~6 us, and ~80 us right
-    after a large call has flushed the caches -- 1.5 % of a 64 MiB rope."""
+    Kept per shape (the kernels only read it): building it per call is NumPy work on the
+    per-call path (docs/performance.md)."""
     lead, clead = x_shape[:-3], c_shape[:-2]
     n_c = _math.prod(clead)
     clead = clead[max(len(clead) - len(lead), 0):]

@@ -1,5 +1,8 @@
 """RoPE's rotation of one head row in LLVM IR: the staged form (:func:`_rotate`, any storage
-dtype) and the fp32 streaming form (:func:`_rotate_stream`, registers straight to GM)."""
+dtype) and the fp32 streaming form (:func:`_rotate_stream`, registers straight to GM).
+
+The readable form of both is ``rope/rotate_plain.py`` (plain numba loops, same bits).
+"""
 
 from __future__ import annotations
 
@@ -77,8 +80,8 @@ def _rotate_stream(typingctx, out, o_off, x, x_off, cf, sf, c_off, half):
     multiple of 16; ``out[o_off]`` and ``out[o_off + half]`` 64-byte aligned).
 
     Why: computing into a staging row and then streaming it out costs an extra store and load
-    per element through L1, measured 0.6-0.85x of streaming straight from registers; numba's
-    vectoriser cannot emit streaming stores itself, so the loop is written in LLVM IR
+    per element through L1 (docs/performance.md); numba's vectoriser cannot emit streaming
+    stores itself, so the loop is written in LLVM IR
     (:func:`_rotation_loop`, as :func:`_rotate`). In place (``out`` = ``x``) is safe: each step
     reads its lines before it writes them, and later steps read only lines not yet written.
     """
@@ -108,8 +111,9 @@ def _rotate(typingctx, src, s_off, dst, d_off, cf, sf, half):
     to ``dst``'s dtype (as :func:`dtypes.narrow`). Offsets and ``half`` are uint64.
 
     Written in LLVM IR (:func:`_rotation_loop`): 16-lane steps, then the < 16 last elements of
-    each half one by one. As plain numba loops, 16-bit rows ran at ~2 cycles per element (LLVM
-    picked 256-bit vectors, with alias checks and a scalar rest per half of 64 elements).
+    each half one by one. As plain numba loops (kept as the readable reference:
+    :func:`~pypto_numba.rope.rotate_plain.rotate_half_row`, same bits) LLVM picked 256-bit
+    vectors, with alias checks and a scalar rest per half, and 16-bit rows ran slower.
     """
     if not (_rows_of(_ANY_KIND, src, dst) and _rows_of(_F32_ONLY, cf, sf)):
         return None
