@@ -69,9 +69,12 @@ def put_row(staged, k, of, e, pre, L, stream):
     Returns the writer's state (e, k, pre) after the write.
     """
     if stream:
-        return _flush(staged, k, of, e, pre, L)
-    _copy(staged, np.uint64(0), of, e, k)
-    return e + k, np.uint64(0), pre
+        e, k, pre = _flush(staged, k, of, e, pre, L)
+    else:
+        _copy(staged, np.uint64(0), of, e, k)
+        e += k
+        k = np.uint64(0)
+    return e, k, pre
 
 
 @device(inline="always")
