@@ -294,7 +294,7 @@ def _gather_kernel(
     """``out[i] = weight[ids[i]]``, one prange task per tile of ids x columns -> the cost counters.
     With ``stream``: whole-line streaming stores, of the task's contiguous output rows when it
     holds whole rows (``h_tile >= H``), else of each row's run of columns; else plain row copies
-    (the readable form of the streamed paths: ``tests/test_ir.py`` holds the two bit-equal).
+    (the readable form of the streamed paths: ``tests/machine/test_ir.py`` holds the two bit-equal).
 
     Parameters
     ----------

@@ -131,7 +131,7 @@ _span_erf = _gelu_span(True)
 @device(fastmath=set(vmath.VMATH_FASTMATH))
 def _span_plain(x, x_off, dst, d_off, n, use_erf):
     """:func:`_gelu_span` as a plain numba loop, the readable reference: the same operations in
-    the same order (``contract`` only, as the IR), so the same bits (``tests/test_ir.py``); it
+    the same order (``contract`` only, as the IR), so the same bits (``tests/machine/test_ir.py``); it
     has no streaming stores and LLVM picks its vector width."""
     for i in range(n):
         v = dtypes.widen(x[x_off + i])

@@ -63,7 +63,7 @@ Cache pitfalls
   loop calls an inlined helper with its own fastmath flags or bit-cast intrinsics (``vmath.exp``,
   ``dtypes.f32_as_u32``); seen with numba 0.68, every time, and not without ``parallel`` or
   without the helper. From the first cache hit on, every run (any thread count) gives the same
-  bits: ``tests/test_determinism.py`` fills the cache before comparing processes, and a bits
+  bits: ``tests/contracts/test_determinism.py`` fills the cache before comparing processes, and a bits
   check compares fresh caches with fresh caches (``tools/bits.py``).
 
 Benchmarks that compare bandwidth pass ``out=`` where the op offers it: a fresh multi-MiB output

@@ -6,7 +6,7 @@ Each formula is written once, as IR on a float32 scalar or a vector of any width
 ``tanh_ir``, ``erf_ir``, ``sigmoid_ir``, ``rsqrt_ir``): the numba functions ``exp`` ... ``rsqrt``
 are that IR on a scalar, and IR kernels (``softmax_exp``, GELU's span) use it on vectors, so the
 scalar and vector results have the same bits by construction. ``exp_plain`` ... ``rsqrt_plain``
-are the same formulas as plain numba code, the readable reference (``tests/test_vmath.py``
+are the same formulas as plain numba code, the readable reference (``tests/machine/test_vmath.py``
 checks all three agree bit for bit). The bf16/fp16 rounding of P is ``machine/ir/convert.py``'s.
 
 What
@@ -25,7 +25,7 @@ Scalar ``float32 -> float32`` functions for use inside kernels (``out[i] = tanh(
 ``rsqrt(x)``   ``1 / sqrt(x)`` with IEEE sqrt and division (no unrefined estimate).
 =============  =============================================================================
 
-Measured accuracy (``tests/test_vmath.py`` asserts these, against float64 NumPy/SciPy; each grid
+Measured accuracy (``tests/machine/test_vmath.py`` asserts these, against float64 NumPy/SciPy; each grid
 is 2^22 evenly spaced float32 points plus *every* float32 in a subrange holding the function's
 split points; "ulp" is the float32 ulp of the exact result):
 
@@ -271,7 +271,7 @@ def rsqrt(x):
 
 
 # ---- the readable reference: the same formulas as plain numba code ----------------------------
-# (what the kernels used before the IR; tests/test_vmath.py holds them bit-equal to the functions
+# (what the kernels used before the IR; tests/machine/test_vmath.py holds them bit-equal to the functions
 # above)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pypto_numba as pn
-from conftest import NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from helpers import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 from pypto_numba import embedding, reference
 from pypto_numba.errors import DTypeError, ShapeError, TileError
 from pypto_numba.machine import tile

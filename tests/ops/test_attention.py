@@ -12,7 +12,7 @@ from pypto_numba import precision, reference
 from pypto_numba.attention import flash, online, plan_flash, plan_online, plan_standard, standard
 from pypto_numba.errors import ConstraintError, DTypeError, ShapeError, TileError
 
-from conftest import NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from helpers import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 
 STRATEGIES = {"standard": standard, "online": online, "flash": flash}
 # bf16/fp16 outputs are rounded once (half an ulp: 2^-9 / 2^-12 relative) and P is rounded to the

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from pypto_numba import attention, embedding, gelu, linear, mean, moe, precision, reference, repeat_kv, rope
 
-from conftest import DTYPES, NP_DTYPE
+from helpers import DTYPES, NP_DTYPE
 
 # 30 examples per strategy in CI (reproducible: derandomize). PYPTO_NUMBA_HYPOTHESIS_EXAMPLES=500
 # runs a longer, randomised bug hunt locally.
@@ -111,7 +111,7 @@ def test_mean(shape, dtype, data, seed, nan):
 # ---------------------------------------------------------------------------------------------
 # rope
 
-RTOL_ROPE = {"fp32": 2.0**-21, "bf16": 2.0**-8, "fp16": 2.0**-10}  # tests/test_rope.py
+RTOL_ROPE = {"fp32": 2.0**-21, "bf16": 2.0**-8, "fp16": 2.0**-10}  # tests/ops/test_rope.py
 
 
 @st.composite
@@ -166,7 +166,7 @@ def test_rope_cos_sin(n, half, dtype, theta, token_tile, seed):
 # ---------------------------------------------------------------------------------------------
 # attention
 
-ATOL_ATT = {"fp32": 2e-5, "bf16": 2e-2, "fp16": 3e-3}  # tests/test_attention.py
+ATOL_ATT = {"fp32": 2e-5, "bf16": 2e-2, "fp16": 3e-3}  # tests/ops/test_attention.py
 
 
 @st.composite

@@ -33,7 +33,7 @@ import pypto_numba as pn
 import pypto_numba.moe as moe
 from pypto_numba import reference
 
-from conftest import NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from helpers import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 
 TOL = 1e-6
 W_RTOL, W_ATOL = 2e-5, 1e-6  # fp32 weights: a few fp32 roundings of values <= routed scale

@@ -9,7 +9,7 @@ import pypto_numba as pn
 from pypto_numba import reference, repeat_kv
 from pypto_numba.errors import ConstraintError, DTypeError, ShapeError
 
-from conftest import NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from helpers import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 
 
 @pytest.mark.parametrize("shape,n_rep", [((2, 3, 5, 16), 4), ((1, 1, 7, 40), 1), ((3, 2, 1, 8), 3)])

@@ -8,7 +8,7 @@ Every case is either
   ``ref()`` (bit for bit; e.g. a non-contiguous view against its contiguous copy), close to it
   (NaN where the reference has NaN), or accepted by ``fn``.
 
-All cases run in ONE subprocess (``python tests/test_bad_inputs.py OUT.json``) that reports a JSON
+All cases run in ONE subprocess (``python tests/contracts/test_bad_inputs.py OUT.json``) that reports a JSON
 result per case: a crash (segfault, abort, runaway allocation) fails the tests instead of killing
 pytest, and the kernels' compile cost is paid once. The subprocess caps its address space
 (``RLIMIT_AS``) a few GiB above what it uses, so a case that would allocate a huge array fails

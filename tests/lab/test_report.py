@@ -18,7 +18,7 @@ from pypto_numba import report
 from pypto_numba.advise import advise
 from pypto_numba.errors import PyptoNumbaError
 
-STRATEGIES = Path(__file__).resolve().parents[1] / "strategies"
+STRATEGIES = Path(__file__).resolve().parents[2] / "strategies"
 pytestmark = pytest.mark.skipif(not (STRATEGIES / "scenarios.toml").exists(),
                                 reason="strategies/ is not part of this source tree")
 

@@ -11,7 +11,7 @@ import pypto_numba as pn
 from pypto_numba import reference, strategy
 from pypto_numba.lab import Candidate, Inputs, OpSpec, Seed, Tolerance, normal
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAB_FILES = ["compare.py", "advise.py", "strategy.py", "cli.py"]
 
 

@@ -15,10 +15,10 @@ import numba
 import numpy as np
 import pytest
 
-from conftest import DTYPES, NP_DTYPE, make
+from helpers import DTYPES, NP_DTYPE, make
 from pypto_numba.machine import cube, dtypes
 from pypto_numba.machine.cube import blocks_plain, ir_blocks
-from test_cube import needs_avx512_bf16
+from helpers import needs_avx512_bf16
 
 U64 = np.uint64
 

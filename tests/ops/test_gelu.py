@@ -22,7 +22,7 @@ import pypto_numba as pn
 from pypto_numba import gelu, reference
 from pypto_numba.precision import ulp
 
-from conftest import NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from helpers import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 
 A2 = pn.load_profile("ascend910b")
 TILE = A2.tile("gelu_tile")

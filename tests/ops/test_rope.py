@@ -18,7 +18,7 @@ from pypto_numba import rope
 from pypto_numba.machine.tile import aligned_empty
 from pypto_numba.errors import ConstraintError, DTypeError, ShapeError, TileError
 
-from conftest import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from helpers import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
 
 # one relative ulp of the output dtype (twice the rounding error) and an fp32-arithmetic slack
 RTOL = {"fp32": 2.0**-21, "bf16": 2.0**-8, "fp16": 2.0**-10}

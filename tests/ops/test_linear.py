@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from helpers import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
 from pypto_numba import linear, reference
 from pypto_numba.errors import DTypeError, ShapeError, TileError
 from pypto_numba.machine import dtypes

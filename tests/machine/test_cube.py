@@ -11,7 +11,7 @@ import numba
 import numpy as np
 import pytest
 
-from conftest import DTYPES, NP_DTYPE, make
+from helpers import DTYPES, NP_DTYPE, make, needs_avx512_bf16
 from pypto_numba.errors import ConstraintError, TileError
 from pypto_numba.machine import cube, dtypes
 from pypto_numba.machine.cube import blas, ir_blocks
@@ -309,17 +309,6 @@ def _pairs_kernels(hw):
     return run
 
 
-def _host_has_bf16_dot():
-    """Whether the CPU numba compiles for (NUMBA_CPU_FEATURES, else the host's) has AVX512_BF16."""
-    import llvmlite.binding as llvm
-
-    features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
-    return ir_blocks._BFloat is not None and "+avx512bf16" in features.split(",")
-
-
-needs_avx512_bf16 = pytest.mark.skipif(not _host_has_bf16_dot(),
-                                       reason="needs AVX512_BF16 (VDPBF16PS), which this CPU lacks")
-"""Marks the tests of the VDPBF16PS form of the bf16 pairs blocks."""
 
 
 @pytest.mark.parametrize("hw", [ir_blocks.PAIRS_FMA, pytest.param(ir_blocks.DPBF16, marks=needs_avx512_bf16),

@@ -15,7 +15,7 @@ from pypto_numba import rope
 from pypto_numba.machine import dtypes
 from pypto_numba.rope.rotate_plain import rope_rows
 
-from conftest import make
+from helpers import make
 
 # (lead, S, H, D, R): half = R/2 below, at and above one 16-lane step, with and without a tail,
 # pass-through dims; D=64, R=32 in fp32 takes the direct streaming path when streaming

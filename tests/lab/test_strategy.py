@@ -11,7 +11,7 @@ import pytest
 import pypto_numba as pn
 from pypto_numba.strategy import SEED
 
-from conftest import make
+from helpers import make
 
 
 def test_registry_lists_ops_with_seed_recommendation():
