@@ -194,7 +194,7 @@ def compare(
         timed.append((row, variant))
     # CPU times last, the strategies' warm runs interleaved: timed right after its float64
     # reference, a strategy would share the cores with NumPy's BLAS threads, which spin for a while
-    # after a call (docs/perf/lab.md). Interleaving spreads a shared host's noise over all alike.
+    # after a call (docs/performance.md). Interleaving spreads a shared host's noise over all alike.
     times = [[] for _ in timed]
     for _ in range(max(1, repeats)):
         for (_, variant), ts in zip(timed, times):

@@ -349,9 +349,7 @@ def _gather_kernel(
 def _plan(strategy, weight_shape, ids_shape, dtype, ids_dtype, profile, row_tile, h_tile) -> Plan:
     prof = load_profile(profile)
     where = f"embedding.{strategy}"
-    if dtypes.storage_name(dtype) is None:
-        raise DTypeError(f"{where}: dtype must be one of fp32, bf16, fp16 (or their numpy dtypes), got {dtype!r}")
-    dtype = dtypes.storage_name(dtype)
+    dtype = inputs.storage_dtype(dtype, where)
     weight_shape = tuple(int(d) for d in weight_shape)
     ids_shape = tuple(int(d) for d in ids_shape)
     if len(weight_shape) != 2:
@@ -496,18 +494,16 @@ def _call(strategy, weight, ids, profile, row_tile, h_tile, out):
     """Run one call: its signature's part from ``_CALLS`` when an earlier call had the same one,
     else from the full validation (which then keeps it). The ids' range is checked every time."""
     key = _CALLS.key(profile, (weight, ids, out), (strategy, row_tile, h_tile))
-    c = _CALLS.get(key)
-    if c is not None:
+    c, arrays, copied = _CALLS.through(key, lambda: _prepare(strategy, weight, ids, profile, row_tile,
+                                                             h_tile, out))
+    if arrays is None:  # a kept signature: the ids' values are new
         _check_id_range(ids, c.V, c.where)
-        return _launch(c, weight, ids, out, 0)
-    c, weight, ids, copied = _prepare(strategy, weight, ids, profile, row_tile, h_tile, out)
-    if not copied:
-        _CALLS.put(key, c)
-    return _launch(c, weight, ids, out, copied)
+        arrays = (weight, ids)
+    return _launch(c, *arrays, out, copied)
 
 
 def _prepare(strategy, weight, ids, profile, row_tile, h_tile, out):
-    """Validate a call in full -> (its :class:`_Call`, the contiguous weight and ids, the bytes
+    """Validate a call in full -> (its :class:`_Call`, (the contiguous weight, ids), the bytes
     copied to make them contiguous)."""
     where = f"embedding.{strategy}"
     wt = inputs.tensor(weight, "weight", where, min_rank=2, max_rank=2)
@@ -522,7 +518,7 @@ def _prepare(strategy, weight, ids, profile, row_tile, h_tile, out):
     if out is not None and not (isinstance(out, np.ndarray) and out.shape == ids.shape + (c.H,)
                                 and out.dtype == wt.array.dtype and out.flags.c_contiguous):
         _bad_out(c, wt.array, ids, out)
-    return c, wt.array, ids, wt.copied_bytes + ids_copied
+    return c, (wt.array, ids), wt.copied_bytes + ids_copied
 
 
 def _bad_out(c, weight, ids, out):

@@ -31,7 +31,7 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from . import inputs
-from .errors import ConstraintError, DTypeError
+from .errors import ConstraintError
 from .machine import dtypes, vmath
 from .machine import ir as irb
 from .machine.jit import device, kernel
@@ -243,10 +243,7 @@ def _plan(variant: str, shape, dtype: str, *, profile=None, tile=None, math="fp3
     where = f"gelu.{variant}"
     if math not in MATHS:
         raise ConstraintError(f"{where}: math must be one of {MATHS}, got {math!r}")
-    name = dtypes.storage_name(dtype)
-    if name is None:
-        raise DTypeError(f"{where}: dtype {dtype!r} is not a storage dtype; use fp32, bf16 or fp16")
-    dtype = name
+    dtype = inputs.storage_dtype(dtype, where)
     shape = tuple(int(d) for d in shape)
     inputs.check_rank(shape, "x", where)
     inputs.check_size(shape, "x", where)  # plans answer advise() too: same limits as the data path

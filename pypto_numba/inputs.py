@@ -74,7 +74,8 @@ def storage_dtype(dtype, where: str, name: str = "dtype") -> str:
     kind = dtypes.storage_name(dtype)
     if kind is None:
         raise DTypeError(
-            f"{where}: {name} must be one of fp32, bf16, fp16 (or their numpy dtypes), got {dtype!r}"
+            f"{where}: {name} {dtype!r} is not a storage dtype; use fp32, bf16 or fp16 (numpy.float32, "
+            f"ml_dtypes.bfloat16, numpy.float16)"
         )
     return kind
 

@@ -48,7 +48,7 @@ import numpy as np
 from numba import prange
 
 from . import inputs
-from .errors import DTypeError, ShapeError
+from .errors import ShapeError
 from .machine import cube, dtypes
 from .machine.jit import kernel
 from .machine.memo import CallMemo, memo_plan
@@ -131,9 +131,7 @@ def _dims(x_shape, weight_shape, where: str):
 def _plan(strategy, x_shape, weight_shape, dtype, bias, profile, cube_tiles) -> Plan:
     prof = load_profile(profile)
     where = f"linear.{strategy}"
-    if dtypes.storage_name(dtype) is None:
-        raise DTypeError(f"{where}: dtype must be one of fp32, bf16, fp16 (or their numpy dtypes), got {dtype!r}")
-    dtype = dtypes.storage_name(dtype)
+    dtype = inputs.storage_dtype(dtype, where)
     m, k, n = _dims(x_shape, weight_shape, where)
     tiles = _default_tiles(prof, m) if cube_tiles is None else cube_tiles
     fused = strategy == "fused_bias" and bias
@@ -223,23 +221,25 @@ class _Call:
 _CALLS = CallMemo()
 
 
+def _prepare(strategy, x, weight, bias, profile, cube_tiles):
+    """Validate and plan a call in full -> (its :class:`_Call`, the contiguous (x, weight, bias),
+    the bytes copied to make them contiguous)."""
+    xt, wt, bt, dtype = _inputs(f"linear.{strategy}", x, weight, bias)
+    p = _plan(strategy, xt.shape, wt.shape, dtype, bt is not None, profile, cube_tiles)
+    copied = xt.copied_bytes + wt.copied_bytes + (bt.copied_bytes if bt is not None else 0)
+    return (_Call(strategy, p, xt, wt, bt, dtype), (xt.array, wt.array, None if bt is None else bt.array),
+            copied)
+
+
 def _run(strategy, x, weight, bias, profile, cube_tiles):
     """One linear call: the prepared call of its signature (checked and planned on the first
     call, see :class:`~pypto_numba.machine.memo.CallMemo`), then its kernels: the cube walk
     (``cube.run_walk``; with ``fused_bias`` the bias is added in its epilogue), and for
     ``matmul_add`` with a bias the vector kernel that adds it."""
     key = _CALLS.key(profile, (x, weight, bias), (strategy, cube_tiles))
-    c = _CALLS.get(key)
-    copied = 0
-    if c is None:
-        where = f"linear.{strategy}"
-        xt, wt, bt, dtype = _inputs(where, x, weight, bias)
-        p = _plan(strategy, xt.shape, wt.shape, dtype, bt is not None, profile, cube_tiles)
-        c = _Call(strategy, p, xt, wt, bt, dtype)
-        copied = xt.copied_bytes + wt.copied_bytes + (bt.copied_bytes if bt is not None else 0)
-        if not copied:
-            _CALLS.put(key, c)
-        x, weight, bias = xt.array, wt.array, None if bt is None else bt.array
+    c, arrays, copied = _CALLS.through(key, lambda: _prepare(strategy, x, weight, bias, profile, cube_tiles))
+    if arrays is not None:
+        x, weight, bias = arrays
     # the kernels, on contiguous arrays of the call's signature
     p = c.plan
     n = c.out_shape[-1]

@@ -333,9 +333,7 @@ def plan_sum_div(shape, dtype="fp32", *, dim=-1, keepdim=False, profile=None, ro
     shape = tuple(int(d) for d in shape)
     inputs.check_rank(shape, "x", WHERE)
     inputs.check_size(shape, "x", WHERE)
-    if dtypes.storage_name(dtype) is None:
-        raise ConstraintError(f"{WHERE}: dtype must be one of fp32, bf16, fp16, got {dtype!r}")
-    dtype = dtypes.storage_name(dtype)
+    dtype = inputs.storage_dtype(dtype, WHERE)
     d = inputs.axis(dim, len(shape), "dim", WHERE)
     if not isinstance(keepdim, (bool, np.bool_)):
         raise ConstraintError(f"{WHERE}: keepdim must be a bool, got {keepdim!r}")

@@ -19,7 +19,7 @@ import numpy as np
 from numba import prange
 
 from . import inputs
-from .errors import ConstraintError, DTypeError
+from .errors import ConstraintError
 from .machine import dtypes
 from .machine.jit import kernel
 from .machine.memo import memo_plan
@@ -76,10 +76,7 @@ def plan_expand_clone(shape, n_rep, dtype="fp32", *, profile=None) -> Plan:
     """Plan of :func:`expand_clone` for ``kv`` of ``shape`` [B, Hkv, S, D] (no data needed)."""
     where = "repeat_kv.expand_clone"
     prof = load_profile(profile)
-    name = dtypes.storage_name(dtype)
-    if name is None:
-        raise DTypeError(f"{where}: dtype {dtype!r} is not a storage dtype; use fp32, bf16 or fp16")
-    dtype = name
+    dtype = inputs.storage_dtype(dtype, where)
     shape = tuple(int(d) for d in shape)
     inputs.check_rank(shape, "kv", where, min_rank=4, max_rank=4)
     inputs.check_size(shape, "kv", where)

@@ -40,7 +40,7 @@ class Args:
 
 # Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
 # Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
-# are a good part of a decode-sized call (docs/perf/attn.md).
+# are a good part of a decode-sized call (docs/performance.md).
 _CALLS = CallMemo()
 
 
@@ -51,14 +51,13 @@ def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, 
     The signature: q, k, v by shape, strides and dtype, the options and ``kv_len`` by value, the
     profile. A call with a ``mask`` (data) or a non-contiguous input (copied) keeps nothing."""
     key = None if mask is not None else _CALLS.key(profile, (q, k, v), (where, scale, causal, kv_len, gqa, options))
-    kept = _CALLS.get(key)
-    if kept is not None:
-        return kept[0].with_arrays(q, k, v), kept[1]
-    a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
-    p = plan(a)
-    if not a.copied_bytes:
-        _CALLS.put(key, (a, p))
-    return a, p
+
+    def full():
+        a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
+        return (a, plan(a)), a, a.copied_bytes
+
+    (a, p), fresh, _ = _CALLS.through(key, full)
+    return (a if fresh is not None else a.with_arrays(q, k, v)), p
 
 
 def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop") -> Args:

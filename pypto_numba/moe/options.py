@@ -7,8 +7,8 @@ import numbers
 
 import numpy as np
 
-from ..errors import ConstraintError, DTypeError
-from ..machine import dtypes
+from .. import inputs
+from ..errors import ConstraintError
 
 GROUP_SCORES = ("max", "top2_sum")
 
@@ -64,7 +64,4 @@ def _routing_options(where, E, top_k, n_group, topk_group, group_score):
 
 
 def _dtype_name(dtype, where, name="dtype"):
-    kind = dtypes.storage_name(dtype)
-    if kind is None:
-        raise DTypeError(f"{where}: {name} {dtype!r} is not fp32, bf16 or fp16")
-    return kind
+    return inputs.storage_dtype(dtype, where, name)

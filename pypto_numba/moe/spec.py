@@ -3,8 +3,8 @@ the float64 oracles, compare's inputs and variants, and the advise rule."""
 
 import numpy as np
 
-from .plans import plan_combine, plan_sigmoid_gating, plan_softmax_gating
-from .public import combine, sigmoid_gating, softmax_gating
+from .plans import plan_sigmoid_gating, plan_softmax_gating
+from .public import sigmoid_gating, softmax_gating
 
 
 def _reference_topk_desc(scores, k: int):

@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 
 from .. import inputs
-from ..errors import DTypeError, ShapeError
+from ..errors import ShapeError
 from ..machine import dtypes
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_tile
@@ -132,9 +132,7 @@ def _max_token_tile(kind, H, D, R, dtype, prof):
 def _plan(kind, x_shape, cos_shape, dtype, profile, token_tile) -> Plan:
     prof = load_profile(profile)
     where = f"rope.{kind}"
-    name = dtypes.storage_name(dtype)
-    if name is None:
-        raise DTypeError(f"{where}: dtype {dtype!r} is not a storage dtype; use fp32, bf16 or fp16")
+    name = inputs.storage_dtype(dtype, where)
     norm = kind in ("rmsnorm", "fused_rmsnorm")
     n_lead, S, H, D, R = _geometry(where, x_shape, cos_shape, rope=kind != "rmsnorm", norm_only=kind == "rmsnorm")
     if kind != "rmsnorm" and cos_shape is None and D % 2:
@@ -209,12 +207,7 @@ def plan_cos_sin(positions_shape, rot_dim, dtype="fp32", *, profile=None, token_
     """Plan of :func:`cos_sin` for ``positions`` of ``positions_shape``."""
     prof = load_profile(profile)
     where = "rope.cos_sin"
-    name = dtypes.storage_name(dtype)
-    if name is None:
-        raise DTypeError(
-            f"{where}: dtype {dtype!r} is not a storage dtype; use numpy.float32, numpy.float16 or "
-            f"ml_dtypes.bfloat16"
-        )
+    name = inputs.storage_dtype(dtype, where)
     shape = tuple(int(d) for d in positions_shape)
     inputs.check_rank(shape, "positions", where, min_rank=1)
     inputs.check_size(shape, "positions", where)

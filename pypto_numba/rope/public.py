@@ -80,13 +80,9 @@ def _call(kind, x, weight, cos, sin, eps, profile, token_tile, out):
     """Run one rope call: what its signature determines comes from ``_CALLS`` when an earlier
     call had the same one, else from the full validation (which then keeps it)."""
     key = _CALLS.key(profile, (x, weight, cos, sin, out), (kind, eps, token_tile))
-    c = _CALLS.get(key)
-    if c is not None:
-        return _launch(c, x, weight, cos, sin, out, 0)
-    c, arrays, copied = _prepare(kind, x, weight, cos, sin, eps, profile, token_tile, out)
-    if not copied:
-        _CALLS.put(key, c)
-    return _launch(c, *arrays, out, copied)
+    c, arrays, copied = _CALLS.through(key, lambda: _prepare(kind, x, weight, cos, sin, eps, profile,
+                                                             token_tile, out))
+    return _launch(c, *(arrays or (x, weight, cos, sin)), out, copied)
 
 
 def _prepare(kind, x, weight, cos, sin, eps, profile, token_tile, out):

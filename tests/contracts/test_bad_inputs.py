@@ -275,7 +275,7 @@ check("mean.sum_div-fp32-sum-overflow-documented",
       lambda: mean.sum_div(np.full((1, 4), 3e38, BF16)),
       lambda y: np.testing.assert_array_equal(y.astype(np.float32), [np.inf]))  # fp32 sum (README)
 equal("mean.sum_div-x-1d", lambda: mean.sum_div(X[0]), lambda: mean.sum_div(X[:1])[0:1].reshape(()))
-raises("mean.sum_div-plan-dtype", lambda: mean.plan_sum_div((4, 4), "float64"), ConstraintError, r"dtype must be one of")
+raises("mean.sum_div-plan-dtype", lambda: mean.plan_sum_div((4, 4), "float64"), DTypeError, r"dtype 'float64' is not a storage dtype")
 
 # ---------------------------------------------------------------------------------------------
 # rope

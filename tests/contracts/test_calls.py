@@ -17,7 +17,7 @@ from pypto_numba.errors import ConstraintError, ShapeError
 from pypto_numba.machine import tile
 from pypto_numba.machine.memo import CallMemo
 
-from helpers import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from helpers import DTYPES, assert_cost_matches_plan, make, run_traced
 
 STORAGE_RTOL = {"fp32": 2.0**-21, "bf16": 2.0**-8, "fp16": 2.0**-10}  # a few roundings in the storage dtype
 

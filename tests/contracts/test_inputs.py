@@ -82,5 +82,5 @@ def test_storage_dtype_names(given, name):
 
 @pytest.mark.parametrize("bad", ["fp64", "float64", np.int32, None, 3])
 def test_storage_dtype_refuses_with_dtype_error(bad):
-    with pytest.raises(pn.DTypeError, match=r"op\.plan: dtype must be one of fp32, bf16, fp16"):
+    with pytest.raises(pn.DTypeError, match=r"op\.plan: dtype .* is not a storage dtype; use fp32, bf16 or fp16"):
         inputs.storage_dtype(bad, "op.plan")

@@ -142,7 +142,7 @@ def test_padding_to_the_fractal():
     (dict(N=-16), ShapeError, r"N must be a positive integer, got -16"),
     (dict(K=16.0), ShapeError, r"K must be a positive integer, got 16.0"),
     (dict(M=True), ShapeError, r"M must be a positive integer"),
-    (dict(dtype="int8"), DTypeError, r"tune.l0_tile: dtype must be one of fp32, bf16, fp16.*'int8'"),
+    (dict(dtype="int8"), DTypeError, r"tune.l0_tile: dtype 'int8' is not a storage dtype"),
     (dict(stationarity="C"), ConstraintError, r"stationarity must be one of 'output', 'A', 'B', 'any', got 'C'"),
     (dict(stationarity=None), ConstraintError, r"stationarity must be one of"),
     (dict(dbc=3), ConstraintError, r"dbc must be one of 1, 2, 'any', got 3"),
