@@ -41,7 +41,7 @@ from ..machine.scratch import Regions
 from ..machine.vmath import exp as vexp
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
-from .plans import check_ub, cube_buffers, fit_q_tile, kv_len_array, merge_cube, ub_tile
+from .plans import check_ub, choose_q_tile, cube_buffers, kv_len_array, merge_cube, ub_tile
 from .tasks import block_geometry, group_task, query_group, query_tile
 from .tiles import (
     FINAL_ELEM_OPS,
@@ -345,13 +345,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
         pv_buf = cube_buffers(where, Rmax, kv_tile, Dv, dtype, dtype, prof, hint)
         return tuple(ub) + merge_cube(qk, pv_buf)
 
-    if q_tile is None:  # default: flash_q_tile rows, halved until the tile buffers fit
-        qt = min(max(1, prof.tile("flash_q_tile") // G), Sq)
-        buffers = fit_q_tile(tile_buffers, G, qt)
-        qt = buffers[0].shape[0] // G
-    else:
-        qt = min(inputs.positive_int(q_tile, "q_tile", where), Sq)
-        buffers = tile_buffers(G * qt)
+    qt, buffers = choose_q_tile(q_tile, tile_buffers, G, Sq, "flash_q_tile", prof, where)
     nq = -(-Sq // qt)
     n_t = -(-Skv // kv_tile)
     blocks = B * Hkv * nq

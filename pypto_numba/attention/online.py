@@ -37,7 +37,7 @@ from ..machine.profile import load_profile
 from ..machine.scratch import Regions
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
-from .plans import check_ub, cube_buffers, fit_q_tile, merge_cube, ub_tile
+from .plans import check_ub, choose_q_tile, cube_buffers, merge_cube, ub_tile
 from .tasks import block_geometry, group_task, query_group, query_tile
 from .tiles import (
     FINAL_ELEM_OPS,
@@ -219,13 +219,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
         pv_buf = cube_buffers(where, Rmax, kv_tile, Dv, p_dtype, dtype, prof, hint)
         return tuple(ub) + merge_cube(qk, pv_buf)
 
-    if q_tile is None:  # default: attention_q_tile rows, halved until the tile buffers fit
-        qt = min(max(1, prof.tile("attention_q_tile") // G), Sq)
-        buffers = fit_q_tile(tile_buffers, G, qt)
-        qt = buffers[0].shape[0] // G
-    else:
-        qt = min(inputs.positive_int(q_tile, "q_tile", where), Sq)
-        buffers = tile_buffers(G * qt)
+    qt, buffers = choose_q_tile(q_tile, tile_buffers, G, Sq, "attention_q_tile", prof, where)
     b = dtypes.itemsize(dtype)
     nq = -(-Sq // qt)
     n_t = -(-Skv // kv_tile)

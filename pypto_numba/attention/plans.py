@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import inputs
 from ..errors import TileError
 from ..machine.plan import Buffer, align_elems, align_up, cube_tiles
 
@@ -81,6 +82,16 @@ def merge_cube(*groups):
         best = max(groups, key=lambda g: sum(b.nbytes for b in g if b.level == level))
         out.extend(b for b in best if b.level == level)
     return tuple(out)
+
+def choose_q_tile(q_tile, tile_buffers, G, Sq, default_key, prof, where):
+    """``(q_tile, buffers)``: the caller's ``q_tile`` (capped at Sq), or the profile's
+    ``default_key`` rows per KV head, halved until the tile buffers fit (:func:`fit_q_tile`)."""
+    if q_tile is not None:
+        qt = min(inputs.positive_int(q_tile, "q_tile", where), Sq)
+        return qt, tile_buffers(G * qt)
+    buffers = fit_q_tile(tile_buffers, G, min(max(1, prof.tile(default_key) // G), Sq))
+    return buffers[0].shape[0] // G, buffers
+
 
 def fit_q_tile(tile_buffers, G, qt):
     """Buffers for the largest q_tile <= qt (halving) whose tiles fit; the first error otherwise.
