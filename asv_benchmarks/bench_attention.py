@@ -107,7 +107,7 @@ class AttentionDecodeTime:
 class AttentionDecodeCallTime:
     """One decode step on a short cache (q[1, 32, 1, 128], K/V[1, 8, 128, 128] bf16): what a call
     costs beyond its kernel. A repeated signature skips validation and the plan's key
-    (``attention._common.prepare``): ~220 us per call before, ~170 after (noisy host)."""
+    (``attention.validation.prepare``; docs/performance.md)."""
 
     params = (["standard", "online", "flash"],)
     param_names = ["strategy"]

@@ -23,6 +23,7 @@ from .advise import advise
 # each module registers its strategies and, at its end, its OP spec (pypto_numba/lab/spec.py).
 # A new op is one more name here.
 from . import gelu, mean, rope, attention, repeat_kv, moe, linear, embedding  # noqa: E402,I001
+from . import tune  # noqa: E402  (tile search and the cube L0 model, from plans and profiles)
 
 __version__ = "0.1.0"
 
@@ -52,5 +53,6 @@ __all__ = [
     "rope",
     "strategies",
     "trace",
+    "tune",
     "use_profile",
 ]

@@ -97,11 +97,11 @@ def test_mask_broadcasts(mask_shape, rng):
 def test_broadcast_view_mask_is_not_materialised(rng):
     """A np.broadcast_to view (stride-0 dims) is read with stride 0, not copied at full size,
     and gives the bits of the same mask materialised."""
-    from pypto_numba.attention import _common
+    from pypto_numba.attention import validation
     q, k, v = inputs(rng, 2, 4, 2, 3, 40, 16, "bf16")
     small = rng.standard_normal((1, 4, 1, 40)).astype(np.float32)
     view = np.broadcast_to(small, (2, 4, 3, 40))
-    a = _common.validate(q, k, v, "test", mask=view)
+    a = validation.validate(q, k, v, "test", mask=view)
     assert a.mask_flat.size == small.size and a.mask_strides == (0, 40, 0, 1)
     for fn in STRATEGIES.values():
         np.testing.assert_array_equal(fn(q, k, v, mask=view).view(np.uint16),
@@ -179,19 +179,20 @@ def test_query_groups_change_no_bits(name, extra, dtype, mask, rng, monkeypatch)
     """A prefill CPU task walks several query tiles through the KV tiles together (K/V reused
     from cache): every query tile keeps its own steps, so bits, lse and counts are those of one
     tile per task, also for a last group with fewer tiles and tiles that run fewer KV tiles."""
-    common = importlib.import_module("pypto_numba.attention._common")
+    tasks = importlib.import_module("pypto_numba.attention.tasks")
+    strategy = importlib.import_module(f"pypto_numba.attention.{name}")
     B, Hq, Hkv, Sq, Skv, D = 2, 4, 2, 150, 170, 32
     q, k, v = inputs(rng, B, Hq, Hkv, Sq, Skv, D, dtype)
     opts = dict(causal=True, kv_len=np.array([170, 101]), q_tile=8, kv_tile=32, **extra)
     if mask:
         opts["mask"] = make((B, 1, Sq, Skv), "fp32", rng)
     # 19 query tiles of G*8 = 16 rows (the prefill blocks) per KV head: groups of 3 leave a 1
-    assert common.query_group(B * Hkv * 19, 19, 16) > 1  # engaged by default at this shape
-    assert common.query_group(B * Hkv * 19, 19, 8) == common.query_group(B * Hkv * 19, 19, 16, 2) == 1
+    assert tasks.query_group(B * Hkv * 19, 19, 16) > 1  # engaged by default at this shape
+    assert tasks.query_group(B * Hkv * 19, 19, 8) == tasks.query_group(B * Hkv * 19, 19, 16, 2) == 1
     ref = reference.attention(q, k, v, **{k_: opts[k_] for k_ in ("causal", "kv_len", "mask") if k_ in opts})
     got = {}
     for g in (1, 3, 4):
-        monkeypatch.setattr(common, "query_group", lambda *a, g=g: g)
+        monkeypatch.setattr(strategy, "query_group", lambda *a, g=g: g)
         res, rec = run_traced(STRATEGIES[name], q, k, v, **opts)
         out, lse = res if extra.get("return_lse") else (res, np.zeros(1))
         assert_cost_matches_plan(rec)

@@ -12,7 +12,7 @@ import pytest
 
 import pypto_numba as pn
 from pypto_numba import attention, embedding, linear, reference as ref, rope
-from pypto_numba.attention import _common as attention_common
+from pypto_numba.attention import validation as attention_common
 from pypto_numba.errors import ConstraintError, ShapeError
 from pypto_numba.machine import tile
 from pypto_numba.machine.memo import CallMemo

@@ -1,7 +1,7 @@
 """attention.flash: the fused kernel: query tiles x KV tiles, state on-chip, masked tiles skipped.
 
 One tile task per (batch, KV head, query tile[, KV split]) (on the CPU, prefill tasks walk
-``_common.Q_GROUP`` query tiles of a KV head together); the [R = G*qv, D] query block (G
+``tasks.Q_GROUP`` query tiles of a KV head together); the [R = G*qv, D] query block (G
 heads of the KV head, qv query positions) walks its KV tiles with the running max/sum/output kept
 on-chip (UB), so no state traffic reaches GM. Tiles that are fully masked for every row of the
 block are not run: with ``kv_len`` and bottom-right ``causal`` the allowed keys of a row are a
@@ -24,6 +24,8 @@ Traffic (b = itemsize, R rows, n valid keys of a run tile, state row (Dv + 2)*4 
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from numba import prange
@@ -35,27 +37,95 @@ from ..machine.jit import device, kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
+from ..machine.scratch import Regions
+from ..machine.vmath import exp as vexp
 from ..strategy import Launch, register
-from . import _common as C
+from .gqa_clone import expand_plans, run_expand
+from .plans import check_ub, cube_buffers, fit_q_tile, kv_len_array, merge_cube, ub_tile
+from .tasks import block_geometry, group_task, query_group, query_tile
+from .tiles import (
+    FINAL_ELEM_OPS,
+    GEMM_MIN_ROWS,
+    NEG_INF,
+    PV_STORAGE,
+    RES_SLOTS,
+    allowed_keys,
+    load_q_block,
+    merge_state,
+    packed_keys,
+    reset_state,
+    tile_cube_flops,
+    tile_pv,
+    tile_scores,
+    tile_softmax,
+    tile_vector_ops,
+    write_lse,
+    write_out,
+)
+from .validation import check_gqa, prepare, shapes_of
 
 COMBINE_ROW_OPS = 3  # per row and split: max, sub, exp of the weight
 COMBINE_ELEM_OPS = 2  # per output element and split: w*O_s and the add
 LSE_ROW_OPS = 2  # log and add
 
+# the kernel's per-thread scratch regions, in slab order (scratch_layout gives their bounds); the
+# running states are another slab (see the kernel)
+_SCRATCH = Regions("q_blocks", "scores", "p_tile", "o_tile", "m_tile", "l_tile", "dot_results")
+_Q_BLOCKS, _SCORES, _P_TILE, _O_TILE, _M_TILE, _L_TILE, _DOT_RESULTS = _SCRATCH.indices
+_STATE = Regions("m", "l", "o")  # one query tile's running state
+_STATE_M, _STATE_L, _STATE_O = _STATE.indices
+
 
 @kernel
-def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, mask, msb, msh,
-                  msi, msj, qt, qg, kv_tile, n_split, kt, scratch, state, part_m, part_l, part_o):
+def _flash_kernel(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    want_lse,
+    kv_len,
+    causal,
+    scale,
+    has_mask,
+    mask,
+    msb,
+    msh,
+    msi,
+    msj,
+    qt,
+    qg,
+    kv_tile,
+    n_split,
+    kt,
+    scratch,
+    scratch_at,
+    state,
+    state_at,
+    part_m,
+    part_l,
+    part_o,
+):
     """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head[, split])
-    through their KV tiles together (:func:`_common.query_group`); each query tile is its own NPU task."""
-    B, Hq, Sq, D = q.shape
-    Hkv = k.shape[1]
-    Skv = k.shape[2]
-    Dv = v.shape[3]
-    G = Hq // Hkv
-    nq = (Sq + qt - 1) // qt
-    ng = (nq + qg - 1) // qg
-    Rmax = G * min(qt, Sq)
+    through their KV tiles together (:func:`tasks.query_group`); each query tile is its own NPU task.
+
+    Parameters
+    ----------
+    q, k, v, out : kernel views [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, Dv], [B, Hq, Sq, Dv]
+    lse, want_lse : fp32 [B, Hq, Sq] log-sum-exp, written when want_lse (and n_split == 1)
+    kv_len : int64 [B]; causal, scale : the validated options
+    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
+    n_split : KV splits per block (> 1: partials to part_*, merged by :func:`_combine_kernel`)
+    kt : K packed transposed (tiles.packed_keys; empty for decode-shaped tiles)
+    scratch, scratch_at : per-thread slabs and their region bounds (:func:`scratch_layout`)
+    state, state_at : per-thread running states, ``qg`` of (m, l, O) each, and one's bounds
+    (:func:`state_layout`)
+    part_m, part_l, part_o : split partials [n_split, blocks, ...] (unused when n_split == 1)
+
+    Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
+    """
+    B, Hq, Sq, D, Hkv, Skv, Dv, G, nq, ng, Rmax = block_geometry(q, k, v, qt, qg)
     b_sz = q.itemsize
     tasks = 0
     gm_read = 0
@@ -65,69 +135,69 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
     for it in prange(B * Hkv * ng * n_split):
         sp = it // (B * Hkv * ng)  # split-major: the tasks of one split are contiguous
         grp = it - sp * (B * Hkv * ng)
-        b, kvh, q_lo, members = C.group_task(grp, Hkv, nq, qg)
+        b, kvh, q_lo, members = group_task(grp, Hkv, nq, qg)
         sc = scratch[numba.get_thread_id()]
-        oq = qg * Rmax * D  # the members' Q blocks, then the tile buffers they share
-        o1 = oq + Rmax * kv_tile
-        o2 = o1 + Rmax * kv_tile
-        o4 = o2 + Rmax * Dv
-        o5 = o4 + Rmax
-        s = sc[oq:o1]
-        ph = sc[o1:o2]
-        ot = sc[o2:o4]
-        mt = sc[o4:o5]
-        lt = sc[o5:o5 + Rmax]
-        res = sc[o5 + Rmax:o5 + Rmax + C.RES_SLOTS]
+        at = scratch_at
+        qb = at[_Q_BLOCKS]
+        s = sc[at[_SCORES]:at[_SCORES + 1]]
+        ph = sc[at[_P_TILE]:at[_P_TILE + 1]]
+        ot = sc[at[_O_TILE]:at[_O_TILE + 1]]
+        mt = sc[at[_M_TILE]:at[_M_TILE + 1]]
+        lt = sc[at[_L_TILE]:at[_L_TILE + 1]]
+        res = sc[at[_DOT_RESULTS]:at[_DOT_RESULTS + 1]]
         # the running states get their own array (as slices of the tile scratch, the final read
         # of l was miscompiled: reordered before the merge's write, seen with numba 0.68)
         st = state[numba.get_thread_id()]
-        sw = Rmax * (Dv + 2)  # one member's state: m, l, O
+        sw = state_at[_STATE_O + 1]  # one member's state: m, l, O (state_layout), qg of them
+        om = state_at[_STATE_M]
+        ol = state_at[_STATE_L]
+        oo = state_at[_STATE_O]
         t_first = 1 << 62
         t_last = 0
         for u in range(members):
-            i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
+            i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
             lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp)
             t_first = min(t_first, lo)
             t_last = max(t_last, hi)
             m0 = u * sw
-            C.reset_state(st[m0:m0 + Rmax], st[m0 + Rmax:m0 + 2 * Rmax], st[m0 + 2 * Rmax:m0 + sw], R, Dv)
-            C.load_q_block(q, b, kvh, G, i0, qv, sc[u * Rmax * D:(u + 1) * Rmax * D])
+            reset_state(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw], R, Dv)
+            load_q_block(q, b, kvh, G, i0, qv, sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D])
             gm_read += R * D * b_sz
         for t in range(t_first, t_last):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
             for u in range(members):
-                i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
+                i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
                 lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp)
                 if t < lo or t >= hi:
                     continue
-                use_gemm = R >= C.GEMM_MIN_ROWS
+                use_gemm = R >= GEMM_MIN_ROWS
                 m0 = u * sw
-                qf = sc[u * Rmax * D:(u + 1) * Rmax * D]  # this query tile's Q block
-                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
-                nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                      has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, 0, q)
-                C.tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
-                C.merge_state(st[m0:m0 + Rmax], st[m0 + Rmax:m0 + 2 * Rmax], st[m0 + 2 * Rmax:m0 + sw],
-                              mt, lt, ot, R, Dv)
+                qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
+                tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
+                nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+                                    has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, PV_STORAGE, q)
+                tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
+                merge_state(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw],
+                            mt, lt, ot, R, Dv)
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
                     gm_read += R * n * 4
-                vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, 0)
-                cube_flops += C.tile_cube_flops(R, n, D, Dv, 0)
+                vector_ops += tile_vector_ops(R, n, Dv, has_mask, PV_STORAGE)
+                cube_flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
         for u in range(members):
             qi = q_lo + u
-            i0, qv, R = C.query_tile(qi, qt, Sq, G)
+            i0, qv, R = query_tile(qi, qt, Sq, G)
             m0 = u * sw
-            ms = st[m0:m0 + Rmax]
-            ls = st[m0 + Rmax:m0 + 2 * Rmax]
-            os = st[m0 + 2 * Rmax:m0 + sw]
+            ms = st[m0 + om:m0 + ol]
+            ls = st[m0 + ol:m0 + oo]
+            os = st[m0 + oo:m0 + sw]
             if n_split == 1:
-                C.write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
+                write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
                 gm_write += R * Dv * b_sz
-                vector_ops += R * Dv * C.FINAL_ELEM_OPS
+                vector_ops += R * Dv * FINAL_ELEM_OPS
                 if want_lse:
-                    C.write_lse(ms, ls, R, lse, b, kvh, G, i0, qv)
+                    write_lse(ms, ls, R, lse, b, kvh, G, i0, qv)
                     gm_write += R * 4
                     vector_ops += R * LSE_ROW_OPS
             else:
@@ -149,7 +219,7 @@ def _flash_kernel(q, k, v, out, lse, want_lse, kv_len, causal, scale, has_mask, 
 def _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp):
     """KV tiles [lo, hi) that split ``sp`` of the query tile at ``i0`` (``qv`` rows) runs: its
     ``T`` unmasked tiles (an allowed prefix) cut into ``n_split`` ranges of ``ceil(T/n_split)``."""
-    limit = C.allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
+    limit = allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
     T = (limit + kv_tile - 1) // kv_tile
     per = (T + n_split - 1) // n_split
     lo = min(sp * per, T)
@@ -159,7 +229,7 @@ def _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp):
 # The combine is a separate NPU kernel (counted as one), but on the CPU it runs on the calling
 # thread: it touches num_splits*B*Hq*Sq*(Dv+2) floats (split-KV only runs when there are fewer
 # blocks than cores, so a few KiB), and a parallel region costs a wake-up of the other thread,
-# measured at 10-16 ms on a loaded 2-core host (a whole decode step).
+# which on a loaded host can take as long as the whole decode step.
 @kernel(parallel=False)
 def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
     n_split = part_m.shape[0]
@@ -183,33 +253,33 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
             g = r // qv
             ii = r - g * qv
             h = kvh * G + g
-            m = C.NEG_INF
+            m = NEG_INF
             for sp in range(n_split):
                 pm = part_m[sp, blk, r]
                 m = pm if pm != pm else max(m, pm)  # a NaN split max makes the row NaN
                 if m != m:
                     break
             l = np.float32(0.0)
-            if m == C.NEG_INF:
+            if m == NEG_INF:
                 for d in range(Dv):
                     out[b, h, i0 + ii, d] = dtypes.narrow(out, np.float32(0.0))
                 if want_lse:
-                    lse[b, h, i0 + ii] = C.NEG_INF
+                    lse[b, h, i0 + ii] = NEG_INF
                 continue
             for sp in range(n_split):
-                l += C.vexp(part_m[sp, blk, r] - m) * part_l[sp, blk, r]
+                l += vexp(part_m[sp, blk, r] - m) * part_l[sp, blk, r]
             inv = np.float32(1.0) / l
             for d in range(Dv):
                 o = np.float32(0.0)
                 for sp in range(n_split):
-                    w = C.vexp(part_m[sp, blk, r] - m)
+                    w = vexp(part_m[sp, blk, r] - m)
                     o += w * part_o[sp, blk, r * Dv + d]
                 out[b, h, i0 + ii, d] = dtypes.narrow(out, o * inv)
             if want_lse:
                 lse[b, h, i0 + ii] = m + np.float32(np.log(l)) if m == m else m
         gm_read += n_split * R * (Dv + 2) * 4
         gm_write += R * Dv * b_sz
-        vector_ops += R * (n_split * (COMBINE_ROW_OPS + COMBINE_ELEM_OPS * Dv) + C.FINAL_ELEM_OPS * Dv)
+        vector_ops += R * (n_split * (COMBINE_ROW_OPS + COMBINE_ELEM_OPS * Dv) + FINAL_ELEM_OPS * Dv)
         if want_lse:
             gm_write += R * 4
             vector_ops += R * LSE_ROW_OPS
@@ -217,23 +287,29 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
     return tasks, gm_read, gm_write, vector_ops, 0
 
 
-def scratch_elems(Rmax, D, Dv, kv_tile, qg=1):
-    return qg * Rmax * D + 2 * Rmax * kv_tile + Rmax * Dv + 2 * Rmax + C.RES_SLOTS
+@functools.lru_cache(maxsize=256)
+def state_layout(Rmax, Dv):
+    """One query tile's running state in the kernel's state slab (qg of them per thread)."""
+    return _STATE.carve(m=Rmax, l=Rmax, o=Rmax * Dv)
+
+
+@functools.lru_cache(maxsize=256)
+def scratch_layout(Rmax, D, Dv, kv_tile, qg=1):
+    """The kernel's per-thread scratch: the members' Q blocks, then the tile buffers they share."""
+    return _SCRATCH.carve(q_blocks=qg * Rmax * D, scores=Rmax * kv_tile, p_tile=Rmax * kv_tile,
+                          o_tile=Rmax * Dv, m_tile=Rmax, l_tile=Rmax, dot_results=RES_SLOTS)
 
 
 def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
-    """T[b, qi]: the KV tiles a block runs (the same prefix rule as the kernel)."""
-    kv_len = C.kv_len_array(kv_len, B, Skv)
+    """T[b, qi]: the KV tiles a block runs (the kernel's prefix rule: the allowed keys of its last row)."""
+    kv_len = kv_len_array(kv_len, B, Skv)
+    keys = allowed_keys.py_func  # the kernels' own rule, run as Python (no compile for the plan)
     nq = -(-Sq // qt)
     T = np.zeros((B, nq), dtype=np.int64)
     for b in range(B):
         for qi in range(nq):
             last = min(qi * qt + qt, Sq) - 1
-            lim = int(kv_len[b])
-            if causal:
-                lim = min(lim, last + lim - Sq + 1)
-            lim = max(min(lim, Skv), 0)
-            T[b, qi] = -(-lim // kv_tile)
+            T[b, qi] = -(-int(keys(b, last, Sq, Skv, kv_len, causal)) // kv_tile)
     return T
 
 
@@ -244,9 +320,9 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
     """Plan of :func:`flash` (shapes [B, H, S, D]; ``kv_len``/``causal`` decide the skipped tiles)."""
     where = "attention.flash"
     prof = load_profile(profile)
-    B, Hq, Sq, D, Hkv, Skv, Dv = C.shapes_of(q_shape, k_shape, v_shape, where)
-    C.check_gqa(gqa, where)
-    expand = C.expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
+    B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
+    check_gqa(gqa, where)
+    expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
     G = Hq // Hkv
@@ -255,23 +331,23 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
 
     def tile_buffers(Rmax):
         ub = [
-            C.ub_tile("s_ub", Rmax, kv_tile, "fp32", prof),
-            C.ub_tile("p_ub", Rmax, kv_tile, dtype, prof),
-            C.ub_tile("o_tile_ub", Rmax, Dv, "fp32", prof),
-            C.ub_tile("o_state_ub", Rmax, Dv, "fp32", prof),
-            C.ub_tile("ml_state_ub", Rmax, 32, "fp32", prof),  # tile m, l and state m, l
+            ub_tile("s_ub", Rmax, kv_tile, "fp32", prof),
+            ub_tile("p_ub", Rmax, kv_tile, dtype, prof),
+            ub_tile("o_tile_ub", Rmax, Dv, "fp32", prof),
+            ub_tile("o_state_ub", Rmax, Dv, "fp32", prof),
+            ub_tile("ml_state_ub", Rmax, 32, "fp32", prof),  # tile m, l and state m, l
         ]
         if has_mask:
-            ub.append(C.ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
-        C.check_ub(where, ub, prof, hint)
+            ub.append(ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
+        check_ub(where, ub, prof, hint)
         reduce_tile(ub[0], prof, where, hint)
-        qk = C.cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
-        pv_buf = C.cube_buffers(where, Rmax, kv_tile, Dv, dtype, dtype, prof, hint)
-        return tuple(ub) + C.merge_cube(qk, pv_buf)
+        qk = cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
+        pv_buf = cube_buffers(where, Rmax, kv_tile, Dv, dtype, dtype, prof, hint)
+        return tuple(ub) + merge_cube(qk, pv_buf)
 
     if q_tile is None:  # default: flash_q_tile rows, halved until the tile buffers fit
         qt = min(max(1, prof.tile("flash_q_tile") // G), Sq)
-        buffers = C.fit_q_tile(tile_buffers, G, qt)
+        buffers = fit_q_tile(tile_buffers, G, qt)
         qt = buffers[0].shape[0] // G
     else:
         qt = min(inputs.positive_int(q_tile, "q_tile", where), Sq)
@@ -303,11 +379,11 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
                 for t in range(lo, hi):
                     n = min(kv_tile, Skv - t * kv_tile)
                     rd += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
-                    vec += C.tile_vector_ops(R, n, Dv, bool(has_mask), 0)
-                    flops += C.tile_cube_flops(R, n, D, Dv, 0)
+                    vec += tile_vector_ops(R, n, Dv, bool(has_mask), PV_STORAGE)
+                    flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
             if n_split == 1:
                 wr = R * Dv * b + (R * 4 if return_lse else 0)
-                vec += R * Dv * C.FINAL_ELEM_OPS + (R * LSE_ROW_OPS if return_lse else 0)
+                vec += R * Dv * FINAL_ELEM_OPS + (R * LSE_ROW_OPS if return_lse else 0)
             else:
                 wr = n_split * R * state_row
             gm_read += Hkv * rd
@@ -320,15 +396,15 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
                           cube_flops=cube_flops, vector_ops=vector_ops)]
     if n_split > 1:
         rows = B * Hq * Sq
-        comb_ub = (C.ub_tile("part_ub", Rmax, Dv + 2, "fp32", prof),
-                   C.ub_tile("acc_ub", Rmax, Dv, "fp32", prof),
-                   C.ub_tile("out_ub", Rmax, Dv, dtype, prof))
-        C.check_ub(where, comb_ub, prof, hint)
+        comb_ub = (ub_tile("part_ub", Rmax, Dv + 2, "fp32", prof),
+                   ub_tile("acc_ub", Rmax, Dv, "fp32", prof),
+                   ub_tile("out_ub", Rmax, Dv, dtype, prof))
+        check_ub(where, comb_ub, prof, hint)
         kernels.append(KernelPlan(
             name="flash_combine", unit="vector", tasks=blocks, buffers=comb_ub,
             gm_read_bytes=n_split * rows * state_row,
             gm_write_bytes=rows * Dv * b + (rows * 4 if return_lse else 0),
-            vector_ops=rows * (n_split * (COMBINE_ROW_OPS + COMBINE_ELEM_OPS * Dv) + C.FINAL_ELEM_OPS * Dv)
+            vector_ops=rows * (n_split * (COMBINE_ROW_OPS + COMBINE_ELEM_OPS * Dv) + FINAL_ELEM_OPS * Dv)
             + (rows * LSE_ROW_OPS if return_lse else 0)))
     return Plan(op="attention", strategy="flash", dtype=dtype, profile=prof,
                 kernels=expand + tuple(kernels),
@@ -344,7 +420,7 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
     where = "attention.flash"
     if not isinstance(return_lse, (bool, np.bool_)):
         raise ConstraintError(f"{where}: return_lse must be True or False, got {return_lse!r}")
-    a, p = C.prepare(where, q, k, v, profile, lambda a: plan_flash(
+    a, p = prepare(where, q, k, v, profile, lambda a: plan_flash(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, q_tile=q_tile, kv_tile=kv_tile,
         num_splits=num_splits, return_lse=return_lse, causal=a.causal, kv_len=a.kv_len,
         has_mask=a.has_mask, gqa=a.gqa),
@@ -355,25 +431,28 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
     lse = np.empty((a.B, a.Hq, a.Sq), np.float32)
     want = bool(return_lse)
     with Launch(p, a.shapes) as run:
-        kk, vk = C.run_expand(a, run)
+        kk, vk = run_expand(a, run)
         Hkv = kk.shape[1]
         G = a.Hq // Hkv
         Rmax = G * qt
         blocks = a.B * Hkv * (-(-a.Sq // qt))
-        qg = C.query_group(blocks, -(-a.Sq // qt), Rmax, n_split)
-        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt, qg), np.float32)
-        state = tile.scratch(qg * Rmax * (a.Dv + 2), np.float32)
+        qg = query_group(blocks, -(-a.Sq // qt), Rmax, n_split)
+        layout = scratch_layout(Rmax, a.D, a.Dv, kvt, qg)
+        scratch = tile.scratch(layout.total, np.float32)
+        state_at = state_layout(Rmax, a.Dv)
+        state = tile.scratch(qg * state_at.total, np.float32)
         ps = n_split if n_split > 1 else 1
         pb = blocks if n_split > 1 else 1
         part_m = np.empty((ps, pb, Rmax), np.float32)
         part_l = np.empty((ps, pb, Rmax), np.float32)
         part_o = np.empty((ps, pb, Rmax * a.Dv), np.float32)
         msb, msh, msi, msj = a.mask_strides
-        kt = C.packed_keys(kk, kvt, Rmax)
+        kt = packed_keys(kk, kvt, Rmax)
         with cube.dynamic_tasks(1):
             counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal,
                                     a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, qg, kvt,
-                                    n_split, kt, scratch, state, part_m, part_l, part_o)
+                                    n_split, kt, scratch, layout.bounds, state, state_at.bounds, part_m,
+                                    part_l, part_o)
         run.count(counted, workspace_bytes=p.kernels[len(p.kernels) - (2 if n_split > 1 else 1)].workspace_bytes)
         if n_split > 1:
             run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt))

@@ -1,6 +1,6 @@
 """attention.online: online softmax over KV tiles, running state in GM workspace (PyPTO decode).
 
-One tile task per (batch, KV head, query tile) (on the CPU, prefill tasks walk ``_common.Q_GROUP``
+One tile task per (batch, KV head, query tile) (on the CPU, prefill tasks walk ``tasks.Q_GROUP``
 query tiles of a KV head together): the G query heads of the KV head and ``qv`` query positions
 form one [R = G*qv, D] block (head-loop reuse: each K/V tile is loaded once for all G
 heads, nothing is copied). The task walks all ``ceil(Skv / kv_tile)`` KV tiles (tail tile with a
@@ -22,6 +22,8 @@ Traffic (b = itemsize, R = G*qv rows, n_t = ceil(Skv/kv_tile), state row = (Dv +
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from numba import prange
@@ -32,25 +34,78 @@ from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
+from ..machine.scratch import Regions
 from ..strategy import Launch, register
-from . import _common as C
+from .gqa_clone import expand_plans, run_expand
+from .plans import check_ub, cube_buffers, fit_q_tile, merge_cube, ub_tile
+from .tasks import block_geometry, group_task, query_group, query_tile
+from .tiles import (
+    FINAL_ELEM_OPS,
+    GEMM_MIN_ROWS,
+    PV_COMPENSATED,
+    RES_SLOTS,
+    load_q_block,
+    merge_state,
+    packed_keys,
+    tile_cube_flops,
+    tile_pv,
+    tile_scores,
+    tile_softmax,
+    tile_vector_ops,
+    write_out,
+)
+from .validation import PV_CODE, check_gqa, check_pv, prepare, shapes_of
+
+# the kernel's per-thread scratch regions, in slab order (scratch_layout gives their bounds)
+_SCRATCH = Regions("q_blocks", "scores", "p_hi", "p_lo", "o_tile", "o_lo", "m_tile", "l_tile", "dot_results")
+_Q_BLOCKS, _SCORES, _P_HI, _P_LO, _O_TILE, _O_LO, _M_TILE, _L_TILE, _DOT_RESULTS = _SCRATCH.indices
 
 
 @kernel
-def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj,
-                   qt, qg, kv_tile, pv_mode, kt, scratch, ws_m, ws_l, ws_o):
+def _online_kernel(
+    q,
+    k,
+    v,
+    out,
+    kv_len,
+    causal,
+    scale,
+    has_mask,
+    mask,
+    msb,
+    msh,
+    msi,
+    msj,
+    qt,
+    qg,
+    kv_tile,
+    pv_mode,
+    kt,
+    scratch,
+    scratch_at,
+    ws_m,
+    ws_l,
+    ws_o,
+):
     """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head) through
-    the KV tiles together (:func:`_common.query_group`); each query tile is its own NPU task with
-    its state in ``ws_*[task]``."""
-    B, Hq, Sq, D = q.shape
-    Hkv = k.shape[1]
-    Skv = k.shape[2]
-    Dv = v.shape[3]
-    G = Hq // Hkv
-    nq = (Sq + qt - 1) // qt
-    ng = (nq + qg - 1) // qg
+    the KV tiles together (:func:`tasks.query_group`); each query tile is its own NPU task with
+    its state in ``ws_*[task]``.
+
+    Parameters
+    ----------
+    q, k, v, out : kernel views [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, Dv], [B, Hq, Sq, Dv]
+    kv_len : int64 [B]; causal, scale : the validated options
+    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
+    pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32 (tiles.py)
+    kt : K packed transposed (tiles.packed_keys; empty for decode-shaped tiles)
+    scratch, scratch_at : per-thread slabs and their region bounds (:func:`scratch_layout`)
+    ws_m, ws_l, ws_o : the running state per NPU task (GM workspace)
+
+    Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
+    """
+    B, Hq, Sq, D, Hkv, Skv, Dv, G, nq, ng, Rmax = block_geometry(q, k, v, qt, qg)
     n_t = (Skv + kv_tile - 1) // kv_tile
-    Rmax = G * min(qt, Sq)
     b_sz = q.itemsize
     state_row = (Dv + 2) * 4
     tasks = 0
@@ -59,44 +114,39 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
     vector_ops = 0
     cube_flops = 0
     for it in prange(B * Hkv * ng):
-        b, kvh, q_lo, members = C.group_task(it, Hkv, nq, qg)
+        b, kvh, q_lo, members = group_task(it, Hkv, nq, qg)
         sc = scratch[numba.get_thread_id()]
-        oq = qg * Rmax * D  # the members' Q blocks, then the tile buffers they share
-        o1 = oq + Rmax * kv_tile
-        o2 = o1 + Rmax * kv_tile
-        o3 = o2 + Rmax * kv_tile
-        o5 = o3 + Rmax * Dv
-        o6 = o5 + Rmax * Dv
-        o7 = o6 + Rmax
-        s = sc[oq:o1]
-        ph = sc[o1:o2]
-        pl = sc[o2:o3]
-        ot = sc[o3:o5]
-        ot2 = sc[o5:o6]
-        mt = sc[o6:o7]
-        lt = sc[o7:o7 + Rmax]
-        res = sc[o7 + Rmax:o7 + Rmax + C.RES_SLOTS]
+        at = scratch_at
+        qb = at[_Q_BLOCKS]
+        s = sc[at[_SCORES]:at[_SCORES + 1]]
+        ph = sc[at[_P_HI]:at[_P_HI + 1]]
+        pl = sc[at[_P_LO]:at[_P_LO + 1]]
+        ot = sc[at[_O_TILE]:at[_O_TILE + 1]]
+        ot2 = sc[at[_O_LO]:at[_O_LO + 1]]
+        mt = sc[at[_M_TILE]:at[_M_TILE + 1]]
+        lt = sc[at[_L_TILE]:at[_L_TILE + 1]]
+        res = sc[at[_DOT_RESULTS]:at[_DOT_RESULTS + 1]]
         for u in range(members):
-            i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
-            C.load_q_block(q, b, kvh, G, i0, qv, sc[u * Rmax * D:(u + 1) * Rmax * D])
+            i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
+            load_q_block(q, b, kvh, G, i0, qv, sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D])
             gm_read += R * D * b_sz
         for t in range(n_t):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
             for u in range(members):
                 task = (b * Hkv + kvh) * nq + q_lo + u
-                i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
-                use_gemm = R >= C.GEMM_MIN_ROWS
+                i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
+                use_gemm = R >= GEMM_MIN_ROWS
                 ms = ws_m[task]
                 ls = ws_l[task]
                 os = ws_o[task]
-                qf = sc[u * Rmax * D:(u + 1) * Rmax * D]  # this query tile's Q block
-                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
-                nmax = C.tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                      has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
-                C.tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
-                if pv_mode == 1:
-                    C.tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)
+                qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
+                tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
+                nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
+                                    has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
+                tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
+                if pv_mode == PV_COMPENSATED:
+                    tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)
                     for i in range(R * Dv):
                         ot[i] += ot2[i]
                 gm_read += n * D * b_sz + n * Dv * b_sz
@@ -110,23 +160,27 @@ def _online_kernel(q, k, v, out, kv_len, causal, scale, has_mask, mask, msb, msh
                         os[i] = ot[i]
                 else:  # read the state from GM workspace, merge
                     gm_read += R * state_row
-                    C.merge_state(ms, ls, os, mt, lt, ot, R, Dv)
+                    merge_state(ms, ls, os, mt, lt, ot, R, Dv)
                 if t < n_t - 1:  # not is_loop_end: write the state back to GM workspace
                     gm_write += R * state_row
-                vector_ops += C.tile_vector_ops(R, n, Dv, has_mask, pv_mode)
-                cube_flops += C.tile_cube_flops(R, n, D, Dv, pv_mode)
+                vector_ops += tile_vector_ops(R, n, Dv, has_mask, pv_mode)
+                cube_flops += tile_cube_flops(R, n, D, Dv, pv_mode)
         for u in range(members):
             task = (b * Hkv + kvh) * nq + q_lo + u
-            i0, qv, R = C.query_tile(q_lo + u, qt, Sq, G)
-            C.write_out(ws_o[task], ws_l[task], R, Dv, out, b, kvh, G, i0, qv)
+            i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
+            write_out(ws_o[task], ws_l[task], R, Dv, out, b, kvh, G, i0, qv)
             gm_write += R * Dv * b_sz
-            vector_ops += R * Dv * C.FINAL_ELEM_OPS
+            vector_ops += R * Dv * FINAL_ELEM_OPS
             tasks += 1
     return tasks, gm_read, gm_write, vector_ops, cube_flops
 
 
-def scratch_elems(Rmax, D, Dv, kv_tile, qg=1):
-    return qg * Rmax * D + 3 * Rmax * kv_tile + 2 * Rmax * Dv + 2 * Rmax + C.RES_SLOTS
+@functools.lru_cache(maxsize=256)
+def scratch_layout(Rmax, D, Dv, kv_tile, qg=1):
+    """The kernel's per-thread scratch: the members' Q blocks, then the tile buffers they share."""
+    return _SCRATCH.carve(q_blocks=qg * Rmax * D, scores=Rmax * kv_tile, p_hi=Rmax * kv_tile,
+                          p_lo=Rmax * kv_tile, o_tile=Rmax * Dv, o_lo=Rmax * Dv, m_tile=Rmax,
+                          l_tile=Rmax, dot_results=RES_SLOTS)
 
 
 @memo_plan
@@ -136,10 +190,10 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
     """Plan of :func:`online` (shapes [B, H, S, D]; no data needed; kv_len only shapes nothing here)."""
     where = "attention.online"
     prof = load_profile(profile)
-    B, Hq, Sq, D, Hkv, Skv, Dv = C.shapes_of(q_shape, k_shape, v_shape, where)
-    C.check_pv(pv, where)
-    C.check_gqa(gqa, where)
-    expand = C.expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
+    B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
+    check_pv(pv, where)
+    check_gqa(gqa, where)
+    expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
     G = Hq // Hkv
@@ -149,25 +203,25 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
 
     def tile_buffers(Rmax):
         ub = [
-            C.ub_tile("s_ub", Rmax, kv_tile, "fp32", prof),
-            C.ub_tile("p_ub", Rmax, kv_tile, p_dtype, prof),
-            C.ub_tile("o_tile_ub", Rmax, Dv, "fp32", prof),
-            C.ub_tile("o_state_ub", Rmax, Dv, "fp32", prof),
-            C.ub_tile("ml_state_ub", Rmax, 16, "fp32", prof),  # m and l, 8 fp32 (32 B) each
+            ub_tile("s_ub", Rmax, kv_tile, "fp32", prof),
+            ub_tile("p_ub", Rmax, kv_tile, p_dtype, prof),
+            ub_tile("o_tile_ub", Rmax, Dv, "fp32", prof),
+            ub_tile("o_state_ub", Rmax, Dv, "fp32", prof),
+            ub_tile("ml_state_ub", Rmax, 16, "fp32", prof),  # m and l, 8 fp32 (32 B) each
         ]
         if pv == "compensated":
-            ub.append(C.ub_tile("p_lo_ub", Rmax, kv_tile, dtype, prof))
+            ub.append(ub_tile("p_lo_ub", Rmax, kv_tile, dtype, prof))
         if has_mask:
-            ub.append(C.ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
-        C.check_ub(where, ub, prof, hint)
+            ub.append(ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
+        check_ub(where, ub, prof, hint)
         reduce_tile(ub[0], prof, where, hint)
-        qk = C.cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
-        pv_buf = C.cube_buffers(where, Rmax, kv_tile, Dv, p_dtype, dtype, prof, hint)
-        return tuple(ub) + C.merge_cube(qk, pv_buf)
+        qk = cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
+        pv_buf = cube_buffers(where, Rmax, kv_tile, Dv, p_dtype, dtype, prof, hint)
+        return tuple(ub) + merge_cube(qk, pv_buf)
 
     if q_tile is None:  # default: attention_q_tile rows, halved until the tile buffers fit
         qt = min(max(1, prof.tile("attention_q_tile") // G), Sq)
-        buffers = C.fit_q_tile(tile_buffers, G, qt)
+        buffers = fit_q_tile(tile_buffers, G, qt)
         qt = buffers[0].shape[0] // G
     else:
         qt = min(inputs.positive_int(q_tile, "q_tile", where), Sq)
@@ -177,20 +231,20 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
     n_t = -(-Skv // kv_tile)
 
     gm_read = gm_write = vector_ops = cube_flops = 0
-    pv_mode = C.PV_CODE[pv]
+    pv_mode = PV_CODE[pv]
     state_row = (Dv + 2) * 4
     for qi in range(nq):
         R = G * min(qt, Sq - qi * qt)
         per_read = R * D * b
         per_write = R * Dv * b + (n_t - 1) * R * state_row
         per_read += (n_t - 1) * R * state_row
-        per_vec = R * Dv * C.FINAL_ELEM_OPS
+        per_vec = R * Dv * FINAL_ELEM_OPS
         per_flops = 0
         for t in range(n_t):
             n = min(kv_tile, Skv - t * kv_tile)
             per_read += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
-            per_vec += C.tile_vector_ops(R, n, Dv, bool(has_mask), pv_mode)
-            per_flops += C.tile_cube_flops(R, n, D, Dv, pv_mode)
+            per_vec += tile_vector_ops(R, n, Dv, bool(has_mask), pv_mode)
+            per_flops += tile_cube_flops(R, n, D, Dv, pv_mode)
         gm_read += B * Hkv * per_read
         gm_write += B * Hkv * per_write
         vector_ops += B * Hkv * per_vec
@@ -213,30 +267,31 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
     second P@V with the rounding residual (summed in fp32), "fp32" keeps P in fp32.
     """
     where = "attention.online"
-    a, p = C.prepare(where, q, k, v, profile, lambda a: plan_online(
+    a, p = prepare(where, q, k, v, profile, lambda a: plan_online(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, kv_tile=kv_tile, q_tile=q_tile, pv=pv,
         causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, options=(kv_tile, q_tile, pv))
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
     out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
     with Launch(p, a.shapes) as run:
-        kk, vk = C.run_expand(a, run)
+        kk, vk = run_expand(a, run)
         Hkv = kk.shape[1]
         G = a.Hq // Hkv
         nq = -(-a.Sq // qt)
         Rmax = G * qt
         tasks = a.B * Hkv * nq
-        qg = C.query_group(tasks, nq, Rmax)
-        scratch = tile.scratch(scratch_elems(Rmax, a.D, a.Dv, kvt, qg), np.float32)
+        qg = query_group(tasks, nq, Rmax)
+        layout = scratch_layout(Rmax, a.D, a.Dv, kvt, qg)
+        scratch = tile.scratch(layout.total, np.float32)
         ws_m = np.empty((tasks, Rmax), np.float32)
         ws_l = np.empty((tasks, Rmax), np.float32)
         ws_o = np.empty((tasks, Rmax * a.Dv), np.float32)
         msb, msh, msi, msj = a.mask_strides
-        kt = C.packed_keys(kk, kvt, Rmax)
+        kt = packed_keys(kk, kvt, Rmax)
         with cube.dynamic_tasks(1):
             counted = _online_kernel(a.q.kview, kk, vk, out_k, a.kv_len, a.causal, a.scale,
                                      a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, qg, kvt,
-                                     C.PV_CODE[p.params["pv"]], kt, scratch,
+                                     PV_CODE[p.params["pv"]], kt, scratch, layout.bounds,
                                      ws_m, ws_l, ws_o)
         run.count(counted, workspace_bytes=p.kernels[-1].workspace_bytes)
         run.workspace(a.copied_bytes)

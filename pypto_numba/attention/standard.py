@@ -18,6 +18,8 @@ it stays within the 64 KiB reduction tile: long sequences do not fit (``TileErro
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from numba import prange
@@ -29,16 +31,48 @@ from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan
 from ..machine.profile import load_profile
+from ..machine.scratch import Regions
+from ..machine.vmath import exp as vexp
 from ..strategy import Launch, register
-from . import _common as C
+from .gqa_clone import expand_plans, run_expand
+from .plans import cube_buffers, ub_tile
+from .tiles import (
+    GEMM_MIN_ROWS,
+    NEG_INF,
+    RES_SLOTS,
+    allowed_keys,
+    load_q_block,
+    packed_keys,
+    tile_pv,
+    tile_scores,
+)
+from .validation import check_gqa, prepare, shapes_of
 
 ROW_OPS = 7  # per score element: scale, max, sub, exp, sum, divide, cast (+1 with a mask)
 CHUNK = 128  # keys per cube step of the two matmul kernels
 Q_ROWS = 128  # rows of the [G*qt, D] block per cube step (qt = Q_ROWS // G query positions)
 
+# per-thread scratch regions of the scores and pv kernels, in slab order (*_layout: their bounds)
+_SCORES_SCRATCH = Regions("q_block", "scores", "dot_results")
+_Q_BLOCK, _SCORES, _DOT_RESULTS = _SCORES_SCRATCH.indices
+_PV_SCRATCH = Regions("p_chunk", "o_chunk", "o_acc", "live")
+_P_CHUNK, _O_CHUNK, _O_ACC, _LIVE = _PV_SCRATCH.indices
+
+
+@functools.lru_cache(maxsize=256)
+def scores_layout(Rmax, D):
+    return _SCORES_SCRATCH.carve(q_block=Rmax * D, scores=Rmax * CHUNK, dot_results=RES_SLOTS)
+
+
+@functools.lru_cache(maxsize=256)
+def pv_layout(Rmax, Dv):
+    return _PV_SCRATCH.carve(p_chunk=Rmax * CHUNK, o_chunk=Rmax * Dv, o_acc=Rmax * Dv, live=Rmax)
+
 
 @kernel
-def _scores_kernel(q, k, s_ws, qt, kt, scratch):
+def _scores_kernel(q, k, s_ws, qt, kt, scratch, scratch_at):
+    """S = Q K^T into the GM workspace ``s_ws`` [B, Hq, Sq, Skv], one task per (batch, KV head),
+    CHUNK keys per step (``kt``: K packed transposed; ``scratch_at``: :func:`scores_layout`)."""
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     Skv = k.shape[2]
@@ -54,20 +88,19 @@ def _scores_kernel(q, k, s_ws, qt, kt, scratch):
         b = task // Hkv
         kvh = task - b * Hkv
         sc = scratch[numba.get_thread_id()]
-        o0 = Rmax * D
-        o1 = o0 + Rmax * CHUNK
-        qf = sc[0:o0]
-        s = sc[o0:o1]
-        res = sc[o1:o1 + C.RES_SLOTS]
+        at = scratch_at
+        qf = sc[at[_Q_BLOCK]:at[_Q_BLOCK + 1]]
+        s = sc[at[_SCORES]:at[_SCORES + 1]]
+        res = sc[at[_DOT_RESULTS]:at[_DOT_RESULTS + 1]]
         for qi in range(nq):
             i0 = qi * qt
             qv = min(qt, Sq - i0)
             R = G * qv
-            C.load_q_block(q, b, kvh, G, i0, qv, qf)
+            load_q_block(q, b, kvh, G, i0, qv, qf)
             gm_read += R * D * b_sz
             for j0 in range(0, Skv, CHUNK):
                 n = min(CHUNK, Skv - j0)
-                C.tile_scores(qf, R, k, b, kvh, j0, n, s, kt, CHUNK, R >= C.GEMM_MIN_ROWS, res)
+                tile_scores(qf, R, k, b, kvh, j0, n, s, kt, CHUNK, R >= GEMM_MIN_ROWS, res)
                 for r in range(R):
                     g = r // qv
                     ii = r - g * qv
@@ -82,6 +115,8 @@ def _scores_kernel(q, k, s_ws, qt, kt, scratch):
 
 @kernel
 def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj):
+    """P = softmax(S*scale + mask) per whole score row, rounded to ``p_ws``'s storage dtype
+    (``mask``: flat fp32 with element strides msb, msh, msi, msj)."""
     B, Hq, Sq, Skv = s_ws.shape
     b_sz = p_ws.itemsize
     tasks = 0
@@ -93,10 +128,10 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
         rem = row - b * (Hq * Sq)
         h = rem // Sq
         i = rem - h * Sq
-        c = C.allowed_keys(b, i, Sq, Skv, kv_len, causal)
+        c = allowed_keys(b, i, Sq, Skv, kv_len, causal)
         srow = s_ws[b, h, i]
         prow = p_ws[b, h, i]
-        m = C.NEG_INF
+        m = NEG_INF
         mbase = b * msb + h * msh + i * msi
         for j in range(c):
             x = srow[j] * scale
@@ -104,18 +139,18 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
                 x += mask[mbase + j * msj]
             srow[j] = x
             m = max(m, x)
-        if m == C.NEG_INF:  # all allowed scores -inf, or NaN (max skips NaN): NaN propagates
+        if m == NEG_INF:  # all allowed scores -inf, or NaN (max skips NaN): NaN propagates
             for j in range(c):
                 if srow[j] != srow[j]:
                     m = np.float32(np.nan)
                     break
-        if m == C.NEG_INF:
+        if m == NEG_INF:
             for j in range(Skv):
                 prow[j] = dtypes.narrow(prow, np.float32(0.0))
         else:
             total = np.float32(0.0)
             for j in range(c):
-                e = C.vexp(srow[j] - m)
+                e = vexp(srow[j] - m)
                 srow[j] = e
                 total += e
             inv = np.float32(1.0) / total
@@ -133,7 +168,9 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
 
 
 @kernel
-def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch):
+def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch, scratch_at):
+    """out = P V (fp32 accumulation over CHUNK-key steps, one cast), one task per (batch, KV
+    head) (``scratch_at``: :func:`pv_layout`)."""
     B, Hq, Sq, Skv = p_ws.shape
     Hkv = v.shape[1]
     Dv = v.shape[3]
@@ -150,13 +187,11 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch):
         b = task // Hkv
         kvh = task - b * Hkv
         sc = scratch[numba.get_thread_id()]
-        o0 = Rmax * CHUNK
-        o1 = o0 + Rmax * Dv
-        o2 = o1 + Rmax * Dv
-        pf = sc[0:o0]
-        ot = sc[o0:o1]
-        acc = sc[o1:o2]
-        live = sc[o2:o2 + Rmax]  # 1 where the row's P has a nonzero
+        at = scratch_at
+        pf = sc[at[_P_CHUNK]:at[_P_CHUNK + 1]]
+        ot = sc[at[_O_CHUNK]:at[_O_CHUNK + 1]]
+        acc = sc[at[_O_ACC]:at[_O_ACC + 1]]
+        live = sc[at[_LIVE]:at[_LIVE + 1]]  # 1 where the row's P has a nonzero
         for qi in range(nq):
             i0 = qi * qt
             qv = min(qt, Sq - i0)
@@ -168,7 +203,7 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch):
             # keys past the block's allowed prefix have P = 0 and V there may be anything (a
             # cache slot past kv_len): the matmul stops at the prefix (the traffic is counted
             # as the whole-row kernel's)
-            lim = C.allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
+            lim = allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
             for j0 in range(0, Skv, CHUNK):
                 n = min(CHUNK, Skv - j0)
                 for r in range(R):
@@ -178,7 +213,7 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch):
                         pf[r * n + j] = dtypes.widen(p_ws[b, kvh * G + g, i0 + ii, j0 + j])
                         if pf[r * n + j] != 0:
                             live[r] = np.float32(1.0)
-                C.tile_pv(pf, R, n, v, b, kvh, j0, ot, R >= C.GEMM_MIN_ROWS, max(0, min(n, lim - j0)))
+                tile_pv(pf, R, n, v, b, kvh, j0, ot, R >= GEMM_MIN_ROWS, max(0, min(n, lim - j0)))
                 for i in range(R * Dv):
                     acc[i] += ot[i]  # L0C accumulation across K steps (fp32)
                 gm_read += R * n * b_sz + n * Dv * b_sz
@@ -204,9 +239,9 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
     """Plan of :func:`standard`; TileError when a whole score row does not fit UB."""
     where = "attention.standard"
     prof = load_profile(profile)
-    B, Hq, Sq, D, Hkv, Skv, Dv = C.shapes_of(q_shape, k_shape, v_shape, where)
-    C.check_gqa(gqa, where)
-    expand = C.expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
+    B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
+    check_gqa(gqa, where)
+    expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
     G = Hq // Hkv
@@ -221,12 +256,12 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
     except ConstraintError as exc:
         raise ConstraintError(f"{exc}; or {hint}") from None
     row_ub = [
-        C.ub_tile("score_row_ub", 1, Skv, "fp32", prof),
-        C.ub_tile("exp_row_ub", 1, Skv, "fp32", prof),
-        C.ub_tile("p_row_ub", 1, Skv, dtype, prof),
+        ub_tile("score_row_ub", 1, Skv, "fp32", prof),
+        ub_tile("exp_row_ub", 1, Skv, "fp32", prof),
+        ub_tile("p_row_ub", 1, Skv, dtype, prof),
     ]
     if has_mask:
-        row_ub.append(C.ub_tile("mask_row_ub", 1, Skv, "fp32", prof))
+        row_ub.append(ub_tile("mask_row_ub", 1, Skv, "fp32", prof))
     need = sum(x.nbytes for x in row_ub)
     if need > prof.ub_bytes:
         raise TileError(
@@ -238,10 +273,10 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
             f"{where}: the row max/sum over Skv={Skv} fp32 scores is a {row_ub[0].nbytes} B "
             f"reduction tile, above the {prof.reduce_tile_max_bytes} B limit of {prof.name}; {hint}"
         )
-    qk = C.cube_buffers(where, Rmax, D, CHUNK, dtype, dtype, prof, hint)
-    pv = C.cube_buffers(where, Rmax, CHUNK, Dv, dtype, dtype, prof, hint)
+    qk = cube_buffers(where, Rmax, D, CHUNK, dtype, dtype, prof, hint)
+    pv = cube_buffers(where, Rmax, CHUNK, Dv, dtype, dtype, prof, hint)
     k1 = KernelPlan(name="scores", unit="cube", tasks=B * Hkv,
-                    buffers=qk + (C.ub_tile("s_out_ub", Rmax, CHUNK, "fp32", prof),),
+                    buffers=qk + (ub_tile("s_out_ub", Rmax, CHUNK, "fp32", prof),),
                     gm_read_bytes=rows * D * b + nq * B * Hkv * Skv * D * b,
                     gm_write_bytes=rows * Skv * 4, workspace_bytes=rows * Skv * 4,
                     cube_flops=2 * rows * Skv * D)
@@ -250,7 +285,7 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
                     gm_write_bytes=rows * Skv * b, workspace_bytes=rows * Skv * b,
                     vector_ops=rows * Skv * (ROW_OPS + (1 if has_mask else 0)))
     k3 = KernelPlan(name="pv", unit="cube", tasks=B * Hkv,
-                    buffers=pv + (C.ub_tile("o_ub", Rmax, Dv, "fp32", prof),),
+                    buffers=pv + (ub_tile("o_ub", Rmax, Dv, "fp32", prof),),
                     gm_read_bytes=rows * Skv * b + nq * B * Hkv * Skv * Dv * b,
                     gm_write_bytes=rows * Dv * b, cube_flops=2 * rows * Skv * Dv,
                     vector_ops=rows * Dv)
@@ -263,28 +298,30 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
 def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", profile=None):
     """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V."""
     where = "attention.standard"
-    a, p = C.prepare(where, q, k, v, profile, lambda a: plan_standard(
+    a, p = prepare(where, q, k, v, profile, lambda a: plan_standard(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, causal=a.causal, kv_len=a.kv_len,
         has_mask=a.has_mask, gqa=a.gqa),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
     qt = p.params["q_tile"]
     out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
     with Launch(p, a.shapes) as run:
-        kk, vk = C.run_expand(a, run)
+        kk, vk = run_expand(a, run)
         G = a.Hq // kk.shape[1]
         Rmax = G * qt
         s_ws = np.empty((a.B, a.Hq, a.Sq, a.Skv), np.float32)
         _, p_ws = dtypes.empty((a.B, a.Hq, a.Sq, a.Skv), a.dtype)
-        sc1 = tile.scratch(Rmax * a.D + Rmax * CHUNK + C.RES_SLOTS, np.float32)
-        kt = C.packed_keys(kk, CHUNK, Rmax)
+        scores_at = scores_layout(Rmax, a.D)
+        sc1 = tile.scratch(scores_at.total, np.float32)
+        kt = packed_keys(kk, CHUNK, Rmax)
         with cube.dynamic_tasks(1):
-            run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, kt, sc1),
+            run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, kt, sc1, scores_at.bounds),
                       workspace_bytes=s_ws.nbytes)
         msb, msh, msi, msj = a.mask_strides
         run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.scale, a.has_mask,
                                   a.mask_flat, msb, msh, msi, msj), workspace_bytes=p_ws.nbytes)
-        sc3 = tile.scratch(Rmax * CHUNK + 2 * Rmax * a.Dv + Rmax, np.float32)
+        pv_at = pv_layout(Rmax, a.Dv)
+        sc3 = tile.scratch(pv_at.total, np.float32)
         with cube.dynamic_tasks(1):
-            run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, sc3))
+            run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, sc3, pv_at.bounds))
         run.workspace(a.copied_bytes)
     return out

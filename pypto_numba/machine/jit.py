@@ -36,7 +36,8 @@ Indexing
 Vector width
 ------------
 Numba loops leave the vector width to LLVM's cost model for the host CPU: on the Xeon the kernels
-were first measured on it picks 256-bit vectors (``prefer-256-bit``), on Zen 4 512-bit ones.
+were first measured on it picks 256-bit vectors (``prefer-256-bit``), on the AMD EPYC hosts
+(Zen 4, Zen 5) 512-bit ones.
 Forcing 512-bit on the Xeon (``NUMBA_CPU_FEATURES=...,-prefer-256-bit``) made the attention tiles
 slower (D = 128 rows are too short to amortise them), so no kernel overrides the CPU's choice.
 The compute-bound inner loops that gain from 512-bit vectors whatever the CPU are written in IR
@@ -50,7 +51,7 @@ thread count); each tile task reduces serially, so results are bit-identical for
 threads. ``prange`` reductions are used only for the integer cost counters. Per-thread scratch is
 allocated in Python (``machine/tile.py``, one cache-line-aligned slab per thread) because
 ``numba.get_num_threads()`` inside a kernel makes it uncacheable. ``np.dot`` inside ``prange``
-needs SciPy's OpenBLAS on one thread (``machine/cube.py``).
+needs SciPy's OpenBLAS on one thread (``machine/cube/blas.py``).
 
 Cache pitfalls
 --------------

@@ -1,4 +1,4 @@
-"""Shared pieces of the attention strategies: input validation, options, the tile loop bodies.
+"""The tile bodies every attention strategy runs: Q K^T, the tile softmax, P @ V, the merge.
 
 Layout of one tile task (the PyPTO GQA decode layout, npu-facts 2.1): the ``G = Hq // Hkv`` query
 heads of KV head ``kvh`` and ``qv`` query positions ``i0 .. i0+qv-1`` form one ``[R = G*qv, D]``
@@ -28,56 +28,34 @@ same way). Tiles with >= GEMM_MIN_ROWS rows (prefill) use the outer-product regi
 :func:`machine.cube.outer_rows` (mostly 6 rows x 64 columns in 24 fp32 vector accumulators):
 P @ V reads V as stored, Q K^T reads K packed transposed once per call (:func:`packed_keys`,
 shared by all query tiles of a head). Every score and output element is one chain of fp32 FMAs
-in ascending order of its reduction index, so the bits do not depend on the thread count (and
-came out equal to OpenBLAS's on the benchmark shapes). These blocks replaced OpenBLAS ``np.dot``
-per tile, which re-packed both operands on every 64 x 128 x 128 call and had to be pinned to one
-thread inside ``prange``. The tile softmax uses the 16-lane :func:`machine.vmath.rowmax` and
-:func:`machine.vmath.softmax_exp`, every row's max before the exps. Per 64 x 128 tile (D = 128,
-one core, in cache): Q K^T 13, P V 13-16, softmax 6-8 (was 12.5), merge 2 us. flash and online
-walk several query tiles of a KV head per CPU task (``Q_GROUP``), so K^T / V tiles are reused
-from L2. Causal flash prefill (fp32, H=8, S=4096, D=128, 2 threads) went from 0.54-0.56x
-(OpenBLAS tiles) to 0.84-0.85x and then 0.91-1.05x of torch SDPA (noisy host).
-
-Default query tiles (``attention_q_tile`` / ``flash_q_tile`` rows of the [G*q_tile, D] block) are
-halved until the tile buffers fit UB and the cube budgets (``fit_q_tile``); an explicit ``q_tile``
-that does not fit raises TileError.
+in ascending order of its reduction index, so the bits do not depend on the thread count. The
+tile softmax uses the 16-lane :func:`machine.vmath.rowmax` and :func:`machine.vmath.softmax_exp`,
+every row's max before the exps. Measurements: docs/perf/attn.md.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 
-import numba
 import numpy as np
 from numba import prange
 
-from .. import inputs
-from ..errors import ConstraintError, DTypeError, ShapeError, TileError
 from ..machine import cube, dtypes
-from ..machine.memo import CallMemo
-from ..machine.tile import aligned_empty, prefetch_row
 from ..machine.jit import device, kernel
+from ..machine.tile import aligned_empty, prefetch_row
 from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
 from ..machine.vmath import rowmax as vrowmax  # the vector unit's row max (skips NaN)
 from ..machine.vmath import softmax_exp as vsoftmax_exp  # exp(s - m) -> P, and its sum
-from ..machine.plan import Buffer, align_elems, align_up, cube_tiles
 
-GQA_MODES = ("head_loop", "expand_clone")
-PV_MODES = ("storage", "compensated", "fp32")
-PV_CODE = {"storage": 0, "compensated": 1, "fp32": 2}
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows (prefill) use cube.outer_rows for QK^T and PV
 PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
 RES_SLOTS = 16  # fp32 scratch slots per thread for the results of cube.dot4x4 (tile_scores)
 NEG_INF = np.float32(-np.inf)
 
-# Prefill on the CPU: one prange task of flash or online walks Q_GROUP consecutive query tiles of
-# a (batch, KV head) through the KV tiles together, so each K^T / V tile is read from L3 once per
-# group and reused from L2 by the other query tiles. Each query tile keeps its own Q block and
-# state and runs exactly the steps of a task of its own, in the same order: the grouping changes
-# neither bits nor counts, only the CPU's loop order. Causal flash prefill (fp32, H=8, S=4096,
-# D=128): 1.05-1.18x faster than one query tile per task with 2 threads, 1.03-1.08x with 1.
-Q_GROUP = 4
+# how P meets V (the ``pv`` option; validation.PV_CODE maps its names to these codes)
+PV_STORAGE = 0  # P rounded to the storage dtype (the NPU)
+PV_COMPENSATED = 1  # P_hi + P_lo, both in the storage dtype: two P@V summed in fp32
+PV_FP32 = 2  # P kept in fp32
 
 # vector element-ops per (row, key) of a processed tile: scale, max, sub, exp, sum, cast of P;
 # +1 with a mask (add), +2 for the compensated residual (sub, cast)
@@ -88,10 +66,6 @@ MERGE_ROW_OPS = 8
 MERGE_ELEM_OPS = 3
 # per output row: divide by l and cast (per element)
 FINAL_ELEM_OPS = 2
-
-
-# ---------------------------------------------------------------------------------------------
-# tile bodies (serial inside one task)
 
 
 @device
@@ -105,30 +79,7 @@ def load_q_block(q, b, kvh, G, i0, qv, qf):
                 qf[base + d] = dtypes.widen(q[b, kvh * G + g, i0 + ii, d])
 
 
-# The decode loops below index with uint64 values only (4-D K/V and the flat scratch): a signed
-# index keeps numba's negative-index wraparound select and the loop does not vectorise, and a
-# per-key row slice costs an atomic reference-count update on the array both threads share
-# (machine/tile.py). Never mix uint64 and int64 in arithmetic: numba promotes the pair to float64.
-
-
-@device
-def query_tile(qi, qt, Sq, G):
-    """Query tile ``qi``: its first position ``i0``, valid positions ``qv`` and block rows ``G*qv``."""
-    i0 = qi * qt
-    qv = min(qt, Sq - i0)
-    return i0, qv, G * qv
-
-
-@device
-def group_task(it, Hkv, nq, qg):
-    """prange iteration ``it`` over ``B*Hkv*ceil(nq/qg)`` query-tile groups (:func:`query_group`)
-    -> (b, kvh, first query tile, query tiles in the group)."""
-    ng = (nq + qg - 1) // qg
-    b = it // (Hkv * ng)
-    rem = it - b * (Hkv * ng)
-    kvh = rem // ng
-    q_lo = (rem - kvh * ng) * qg
-    return b, kvh, q_lo, min(qg, nq - q_lo)
+# The decode loops below index with uint64 values only (the rules: see machine/jit.py).
 
 
 @device
@@ -307,17 +258,53 @@ def allowed_keys(b, i, Sq, Skv, kv_len, causal):
 
 
 @device
-def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                 has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, like):
+def tile_softmax(
+    s,
+    R,
+    n,
+    j0,
+    b,
+    kvh,
+    G,
+    i0,
+    qv,
+    Sq,
+    Skv,
+    kv_len,
+    causal,
+    scale,
+    has_mask,
+    mask,
+    msb,
+    msh,
+    msi,
+    msj,
+    mt,
+    lt,
+    ph,
+    pl,
+    pv_mode,
+    like,
+):
     """Scale, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype.
 
-    Writes ph (and pl only for pv_mode 1, so pl may alias ph otherwise) [R, n], mt[R], lt[R]. Returns the largest allowed key count
-    in the tile (keys past it have p = 0 in every row).
+    Writes ph (and pl only for PV_COMPENSATED, so pl may alias ph otherwise) [R, n], mt[R], lt[R].
+    Returns the largest allowed key count in the tile (keys past it have p = 0 in every row).
+
+    Parameters
+    ----------
+    s : the tile's scores [R, n] (flat fp32), scaled and masked in place
+    R, n, j0 : block rows, valid keys, the tile's first key
+    b, kvh, G, i0, qv : batch, KV head, query heads per KV head, first query position, positions
+    Sq, Skv, kv_len, causal : what decides the allowed keys (:func:`allowed_keys`)
+    scale, has_mask, mask, msb, msh, msi, msj : scale, the flat fp32 mask and its strides
+    mt, lt : the tile's row max and row sum (out)
+    ph, pl : P, and the rounding residual for PV_COMPENSATED (out)
+    pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32
+    like : an array of the storage dtype (P is rounded to it)
     """
-    # two passes over the rows: the row max is a short dependent chain per row, and with the exp
-    # of the same row right behind it the core waited on it; max first for every row, then exp
-    # (scale + max + exp of a 64 x 128 tile: 7.3 -> 5.9 us on one core, in cache; the same
-    # operations, so the same bits; causal prefill end to end 1.00-1.02x, inside the noise)
+    # two passes over the rows: every row's max first, then the exps, so the exp of a row does not
+    # wait on its max's dependent chain (the same operations, so the same bits)
     nmax = 0
     for r in range(R):
         c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n)
@@ -348,9 +335,9 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
         total = np.float32(0.0)
         if m == NEG_INF:  # no allowed key in this tile (or all -inf through the mask)
             uc = np.uint64(0)
-        elif pv_mode == 2:  # P in fp32 (s is a float32 array: no rounding)
+        elif pv_mode == PV_FP32:  # P in fp32 (s is a float32 array: no rounding)
             total = vsoftmax_exp(s, base, c, m, ph, s)
-        elif pv_mode == 1:  # compensated: P_hi + P_lo, both in the storage dtype
+        elif pv_mode == PV_COMPENSATED:  # compensated: P_hi + P_lo, both in the storage dtype
             total = vsoftmax_exp(s, base, c, m, ph, s)
             for j in range(uc):
                 e = ph[base + j]
@@ -361,7 +348,7 @@ def tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
             total = vsoftmax_exp(s, base, c, m, ph, like)
         for j in range(uc, np.uint64(n)):
             ph[base + j] = np.float32(0.0)
-        if pv_mode == 1:
+        if pv_mode == PV_COMPENSATED:
             for j in range(uc, np.uint64(n)):
                 pl[base + j] = np.float32(0.0)
         lt[r] = total
@@ -438,282 +425,16 @@ def write_lse(ms, ls, R, lse, b, kvh, G, i0, qv):
 @device
 def tile_vector_ops(R, n, Dv, has_mask, pv_mode):
     """Vector element-ops of one processed tile (softmax pieces + merge)."""
-    per = TILE_OPS + (1 if has_mask else 0) + (2 if pv_mode == 1 else 0)
-    merge = MERGE_ROW_OPS + (MERGE_ELEM_OPS + (1 if pv_mode == 1 else 0)) * Dv
+    per = TILE_OPS + (1 if has_mask else 0) + (2 if pv_mode == PV_COMPENSATED else 0)
+    merge = MERGE_ROW_OPS + (MERGE_ELEM_OPS + (1 if pv_mode == PV_COMPENSATED else 0)) * Dv
     return R * n * per + R * merge
 
 
 @device
 def tile_cube_flops(R, n, D, Dv, pv_mode):
-    return 2 * R * n * D + 2 * R * n * Dv * (2 if pv_mode == 1 else 1)
+    return 2 * R * n * D + 2 * R * n * Dv * (2 if pv_mode == PV_COMPENSATED else 1)
 
 
-# ---------------------------------------------------------------------------------------------
-# validation (Python, before any kernel)
-
-
-class Args:
-    """Validated attention inputs and options."""
-
-    __slots__ = ("q", "k", "v", "dtype", "B", "Hq", "Hkv", "Sq", "Skv", "D", "Dv", "G", "scale",
-                 "causal", "kv_len", "kv_len_given", "has_mask", "mask_flat", "mask_strides", "gqa",
-                 "copied_bytes")
-
-    @property
-    def shapes(self):
-        return (self.q.shape, self.k.shape, self.v.shape)
-
-    def with_arrays(self, q, k, v) -> "Args":
-        """These arguments for other q, k, v of the same shapes, strides and dtypes (contiguous)."""
-        a = Args()
-        for name in Args.__slots__:
-            setattr(a, name, getattr(self, name))
-        a.q, a.k, a.v = (inputs.Tensor(x, self.dtype, dtypes.kernel_view(x), 0) for x in (q, k, v))
-        return a
-
-
-# Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
-# are ~35 us of a ~150 us decode-sized call (q[1, 32, 1, 128], k/v[1, 8, 128, 128] bf16).
-_CALLS = CallMemo()
-
-
-def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, options=()):
-    """-> (:class:`Args`, plan) of a call: validated in full (``plan(args)`` builds the plan), or,
-    for a call with the signature of an earlier one, that call's with this call's arrays.
-
-    The signature: q, k, v by shape, strides and dtype, the options and ``kv_len`` by value, the
-    profile. A call with a ``mask`` (data) or a non-contiguous input (copied) keeps nothing."""
-    key = None if mask is not None else _CALLS.key(profile, (q, k, v), (where, scale, causal, kv_len, gqa, options))
-    kept = _CALLS.get(key)
-    if kept is not None:
-        return kept[0].with_arrays(q, k, v), kept[1]
-    a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
-    p = plan(a)
-    if not a.copied_bytes:
-        _CALLS.put(key, (a, p))
-    return a, p
-
-
-def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop") -> Args:
-    a = Args()
-    qt = inputs.tensor(q, "q", where, min_rank=4, max_rank=4)
-    kt = inputs.tensor(k, "k", where, min_rank=4, max_rank=4)
-    vt = inputs.tensor(v, "v", where, min_rank=4, max_rank=4)
-    a.dtype = inputs.same_dtype(where, q=qt, k=kt, v=vt)
-    B, Hq, Sq, D = qt.shape
-    Bk, Hkv, Skv, Dk = kt.shape
-    Bv, Hv, Sv, Dv = vt.shape
-    if Bk != B or Bv != B:
-        raise ShapeError(f"{where}: batch sizes differ: q {qt.shape}, k {kt.shape}, v {vt.shape}")
-    if Dk != D:
-        raise ShapeError(f"{where}: head dim of k ({Dk}) differs from q ({D}); q {qt.shape}, k {kt.shape}")
-    if Hv != Hkv or Sv != Skv:
-        raise ShapeError(f"{where}: k {kt.shape} and v {vt.shape} must share [B, Hkv, Skv]")
-    if Hq % Hkv:
-        raise ShapeError(
-            f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0)"
-        )
-    a.q, a.k, a.v = qt, kt, vt
-    a.B, a.Hq, a.Hkv, a.Sq, a.Skv, a.D, a.Dv, a.G = B, Hq, Hkv, Sq, Skv, D, Dv, Hq // Hkv
-    a.copied_bytes = qt.copied_bytes + kt.copied_bytes + vt.copied_bytes
-    a.scale = check_scale(scale, D, where)
-    if not isinstance(causal, (bool, np.bool_)):
-        raise ConstraintError(f"{where}: causal must be True or False, got {causal!r}")
-    a.causal = bool(causal)
-    a.kv_len, a.kv_len_given = check_kv_len(kv_len, B, Skv, where)
-    a.has_mask, a.mask_flat, a.mask_strides = check_mask(mask, (B, Hq, Sq, Skv), where)
-    a.gqa = check_gqa(gqa, where)
-    return a
-
-
-def check_scale(scale, D, where):
-    if scale is None:
-        return np.float32(1.0 / math.sqrt(D))
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise ConstraintError(f"{where}: scale must be a finite real number, got {scale!r}")
-    return np.float32(scale)
-
-
-def check_gqa(gqa, where):
-    if gqa not in GQA_MODES:
-        raise ConstraintError(f"{where}: gqa must be one of {GQA_MODES}, got {gqa!r}")
-    return gqa
-
-
-def check_pv(pv, where):
-    if pv not in PV_MODES:
-        raise ConstraintError(f"{where}: pv must be one of {PV_MODES}, got {pv!r}")
-    return pv
-
-
-def check_kv_len(kv_len, B, Skv, where):
-    """-> (int64 array [B], given?). Values must lie in [0, Skv]."""
-    if kv_len is None:
-        return np.full(B, Skv, dtype=np.int64), False
-    arr = np.asarray(kv_len)
-    if arr.dtype.kind not in "iu":
-        raise DTypeError(f"{where}: kv_len must be an integer array [B], got dtype {arr.dtype}")
-    if arr.shape != (B,):
-        raise ShapeError(f"{where}: kv_len must have shape [B] = ({B},), got {arr.shape}")
-    if arr.size and (arr.min() < 0 or arr.max() > Skv):
-        bad = int(np.flatnonzero((arr < 0) | (arr > Skv))[0])
-        raise ConstraintError(
-            f"{where}: kv_len[{bad}] = {int(arr[bad])} is outside [0, Skv={Skv}]"
-        )
-    return np.array(arr, dtype=np.int64), True  # a copy: a kept call must not see later writes
-
-
-def check_mask(mask, full, where):
-    """-> (has_mask, flat float32 array, element strides (b, h, i, j) with 0 on broadcast dims)."""
-    if mask is None:
-        return False, np.zeros(1, np.float32), (0, 0, 0, 0)
-    if not isinstance(mask, np.ndarray):
-        raise DTypeError(f"{where}: mask must be a numpy float32 array, got {type(mask).__name__}")
-    if mask.dtype != np.float32:
-        raise DTypeError(
-            f"{where}: mask must be an additive float32 array, got dtype {mask.dtype}; "
-            f"convert with mask.astype(numpy.float32)"
-        )
-    if mask.ndim > 4:
-        raise ShapeError(f"{where}: mask has {mask.ndim} dims; it must broadcast to [B, Hq, Sq, Skv] = {full}")
-    shape4 = (1,) * (4 - mask.ndim) + mask.shape
-    if any(m not in (1, f) for m, f in zip(shape4, full)) or mask.size == 0:
-        raise ShapeError(f"{where}: mask of shape {mask.shape} does not broadcast to [B, Hq, Sq, Skv] = {full}")
-    # dims a broadcast view repeats (stride 0, e.g. np.broadcast_to) are kept as one slice:
-    # the kernels read them with stride 0 instead of from a copy materialised at full size
-    mask = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.strides)]
-    shape4 = (1,) * (4 - mask.ndim) + mask.shape
-    flat = np.ascontiguousarray(mask).reshape(shape4)
-    strides = []
-    acc = 1
-    for dim in reversed(shape4):
-        strides.append(acc if dim > 1 else 0)
-        acc *= dim
-    strides = tuple(reversed(strides))
-    return True, flat.reshape(-1), strides
-
-
-# ---------------------------------------------------------------------------------------------
-# plan helpers
-
-
-def shapes_of(q_shape, k_shape, v_shape, where):
-    q_shape, k_shape = tuple(int(x) for x in q_shape), tuple(int(x) for x in k_shape)
-    v_shape = k_shape if v_shape is None else tuple(int(x) for x in v_shape)
-    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
-        if len(s) != 4 or any(d <= 0 for d in s):
-            raise ShapeError(f"{where}: {name} shape must be [B, H, S, D] with positive dims, got {s}")
-    B, Hq, Sq, D = q_shape
-    _, Hkv, Skv, _ = k_shape
-    if Hq % Hkv:
-        raise ShapeError(f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0)")
-    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape), ("the output [B, Hq, Sq, Dv]", (B, Hq, Sq, v_shape[3]))):
-        inputs.check_size(s, name, where)
-    return B, Hq, Sq, D, Hkv, Skv, v_shape[3]
-
-
-def kv_len_array(kv_len, B, Skv):
-    if kv_len is None:
-        return np.full(B, Skv, dtype=np.int64)
-    return np.asarray(kv_len, dtype=np.int64).reshape(B)
-
-
-def cube_buffers(where, m, k, n, a_dtype, b_dtype, prof, hint):
-    """Cube tiles for an [m, k] x [k, n] tile matmul: whole tile in L1, L0 split to fit.
-
-    mL1 = A16(m), kL1 = A16(k), nL1 = A16(n); L0 tiles halve kL0, then mL0/nL0, until they fit
-    L0A/L0B/L0C (each still dividing its L1 tile). TileError when even that does not fit (L1).
-    """
-    m1, k1, n1 = (align_up(x, 16) for x in (m, k, n))
-    m0, k0, n0 = m1, k1, n1
-    a_size, b_size = (4 if d == "fp32" else 2 for d in (a_dtype, b_dtype))
-
-    def fits():
-        return (m0 * k0 * a_size <= prof.l0a_bytes and n0 * k0 * b_size <= prof.l0b_bytes
-                and m0 * n0 * 4 <= prof.l0c_bytes)
-
-    def halve(x, whole):
-        h = x // 2
-        return h if h >= 16 and h % 16 == 0 and whole % h == 0 else x
-
-    for _ in range(64):
-        if fits():
-            break
-        nk = halve(k0, k1)
-        if nk != k0 and (m0 * k0 * a_size > prof.l0a_bytes or n0 * k0 * b_size > prof.l0b_bytes):
-            k0 = nk
-            continue
-        nm, nn = halve(m0, m1), halve(n0, n1)
-        if m0 >= n0 and nm != m0:
-            m0 = nm
-        elif nn != n0:
-            n0 = nn
-        elif nm != m0:
-            m0 = nm
-        elif nk != k0:
-            k0 = nk
-        else:
-            break
-    try:
-        return cube_tiles(((m0, m1), (k0, k1), (n0, n1)), a_dtype, b_dtype, prof, where)
-    except TileError as exc:
-        raise TileError(f"{exc}; {hint}") from None
-
-
-def ub_tile(name, rows, cols, dtype, prof):
-    """A UB buffer [rows, cols] with the last dim padded to 32 B (what gym does for short rows)."""
-    return Buffer(name, "UB", (max(rows, 1), align_elems(cols, dtype, prof)), dtype)
-
-
-def check_ub(where, buffers, prof, hint):
-    used = sum(b.nbytes for b in buffers if b.level == "UB")
-    if used > prof.ub_bytes:
-        parts = " + ".join(str(b) for b in buffers if b.level == "UB")
-        raise TileError(f"{where}: UB needs {used} B ({parts}) but {prof.name} has {prof.ub_bytes} B; {hint}")
-
-
-# ---------------------------------------------------------------------------------------------
-# gqa="expand_clone": materialise K and V with repeat_kv's copy kernel first (counted)
-
-
-def expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa):
-    """KernelPlans of the two copies (k, v) when gqa="expand_clone" and G > 1, else ()."""
-    from .. import repeat_kv
-
-    if gqa != "expand_clone" or Hq == Hkv:
-        return ()
-    G = Hq // Hkv
-    return (repeat_kv.expand_kernel_plan((B, Hkv, Skv, D), G, dtype, prof, "expand_clone_k"),
-            repeat_kv.expand_kernel_plan((B, Hkv, Skv, Dv), G, dtype, prof, "expand_clone_v"))
-
-
-def run_expand(a: Args, run):
-    """-> (k kview, v kview) to run on: the inputs, or their expanded copies (counted in run)."""
-    from .. import repeat_kv
-
-    if a.gqa != "expand_clone" or a.G == 1:
-        return a.k.kview, a.v.kview
-    outs = []
-    for t in (a.k, a.v):
-        B, Hkv, S, D = t.shape
-        _, kview = dtypes.empty((B, Hkv * a.G, S, D), a.dtype)
-        counted = repeat_kv.run_expand(t.kview, a.G, kview)
-        run.count(counted, workspace_bytes=kview.nbytes)
-        outs.append(kview)
-    return outs[0], outs[1]
-
-
-def merge_cube(*groups):
-    """Per buffer level, keep the group of cube buffers that needs the most (they run in turn)."""
-    out = []
-    levels = sorted({b.level for g in groups for b in g})
-    for level in levels:
-        best = max(groups, key=lambda g: sum(b.nbytes for b in g if b.level == level))
-        out.extend(b for b in best if b.level == level)
-    return tuple(out)
-
-
-# ---------------------------------------------------------------------------------------------
 # prefill: K packed transposed (CPU layout for the outer-product blocks)
 
 
@@ -735,8 +456,7 @@ def _pack_keys_kernel(k, width, kt):
         src = ((np.uint64(b) * np.uint64(H) + np.uint64(h)) * np.uint64(S) + np.uint64(j0)) * uD
         un = np.uint64(n)
         # 16 keys at a time: their rows stay in L1 while each d writes one 64-byte line of K^T
-        # (key by key, every write went to another line of a 64 KiB tile: 5.7 -> 4.4 ms for
-        # 8 heads x 4096 keys x 128 fp32 on 2 threads)
+        # (key by key, every write went to another line of the tile)
         for jb in range(np.uint64(0), un, np.uint64(16)):
             je = min(jb + np.uint64(16), un)
             for d in range(uD):
@@ -760,36 +480,8 @@ def packed_keys(k, width: int, rows: int):
     B, H, S, D = k.shape
     nt = -(-S // width)
     # on 64-byte lines: the blocks load K^T in whole vectors, and one that straddles two lines
-    # costs twice (NumPy aligns to 16 bytes; causal fp32 prefill, H=8, S=4096, D=128: 3-4 %)
+    # costs twice (NumPy aligns to 16 bytes only)
     kt, _ = aligned_empty((B * H * nt * D * width,), "fp32")
     with cube.dynamic_tasks(1):
         _pack_keys_kernel(k, width, kt)
     return kt
-
-
-def query_group(blocks, nq, Rmax, n_split=1):
-    """Query tiles one CPU task walks together: :data:`Q_GROUP` for prefill tiles, fewer while
-    that would leave under ``4 * threads`` tasks, 1 for decode-shaped tiles and split-KV."""
-    if Rmax < GEMM_MIN_ROWS or n_split > 1:
-        return 1
-    qg = min(Q_GROUP, nq)
-    while qg > 1 and blocks // nq * -(-nq // qg) < 4 * numba.get_num_threads():
-        qg //= 2
-    return qg
-
-
-def fit_q_tile(tile_buffers, G, qt):
-    """Buffers for the largest q_tile <= qt (halving) whose tiles fit; the first error otherwise.
-
-    ``tile_buffers(Rmax)`` raises TileError when [Rmax = G*q_tile]-row tiles do not fit. The
-    s_ub buffer (first) has Rmax rows, so the caller reads the chosen q_tile back from it.
-    """
-    first = None
-    while True:
-        try:
-            return tile_buffers(G * qt)
-        except TileError as exc:
-            first = first or exc
-            if qt == 1:
-                raise first from None
-            qt = max(1, qt // 2)

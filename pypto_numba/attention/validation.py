@@ -1,0 +1,176 @@
+"""Argument checks of the attention strategies (Python, before any kernel), and the call memo."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .. import inputs
+from ..errors import ConstraintError, DTypeError, ShapeError
+from ..machine import dtypes
+from ..machine.memo import CallMemo
+from .tiles import PV_COMPENSATED, PV_FP32, PV_STORAGE
+
+GQA_MODES = ("head_loop", "expand_clone")
+PV_MODES = ("storage", "compensated", "fp32")
+PV_CODE = {"storage": PV_STORAGE, "compensated": PV_COMPENSATED, "fp32": PV_FP32}
+
+
+class Args:
+    """Validated attention inputs and options."""
+
+    __slots__ = ("q", "k", "v", "dtype", "B", "Hq", "Hkv", "Sq", "Skv", "D", "Dv", "G", "scale",
+                 "causal", "kv_len", "kv_len_given", "has_mask", "mask_flat", "mask_strides", "gqa",
+                 "copied_bytes")
+
+    @property
+    def shapes(self):
+        return (self.q.shape, self.k.shape, self.v.shape)
+
+    def with_arrays(self, q, k, v) -> "Args":
+        """These arguments for other q, k, v of the same shapes, strides and dtypes (contiguous)."""
+        a = Args()
+        for name in Args.__slots__:
+            setattr(a, name, getattr(self, name))
+        a.q, a.k, a.v = (inputs.Tensor(x, self.dtype, dtypes.kernel_view(x), 0) for x in (q, k, v))
+        return a
+
+
+# Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
+# Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
+# are a good part of a decode-sized call (docs/perf/attn.md).
+_CALLS = CallMemo()
+
+
+def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, options=()):
+    """-> (:class:`Args`, plan) of a call: validated in full (``plan(args)`` builds the plan), or,
+    for a call with the signature of an earlier one, that call's with this call's arrays.
+
+    The signature: q, k, v by shape, strides and dtype, the options and ``kv_len`` by value, the
+    profile. A call with a ``mask`` (data) or a non-contiguous input (copied) keeps nothing."""
+    key = None if mask is not None else _CALLS.key(profile, (q, k, v), (where, scale, causal, kv_len, gqa, options))
+    kept = _CALLS.get(key)
+    if kept is not None:
+        return kept[0].with_arrays(q, k, v), kept[1]
+    a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
+    p = plan(a)
+    if not a.copied_bytes:
+        _CALLS.put(key, (a, p))
+    return a, p
+
+
+def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop") -> Args:
+    a = Args()
+    qt = inputs.tensor(q, "q", where, min_rank=4, max_rank=4)
+    kt = inputs.tensor(k, "k", where, min_rank=4, max_rank=4)
+    vt = inputs.tensor(v, "v", where, min_rank=4, max_rank=4)
+    a.dtype = inputs.same_dtype(where, q=qt, k=kt, v=vt)
+    B, Hq, Sq, D = qt.shape
+    Bk, Hkv, Skv, Dk = kt.shape
+    Bv, Hv, Sv, Dv = vt.shape
+    if Bk != B or Bv != B:
+        raise ShapeError(f"{where}: batch sizes differ: q {qt.shape}, k {kt.shape}, v {vt.shape}")
+    if Dk != D:
+        raise ShapeError(f"{where}: head dim of k ({Dk}) differs from q ({D}); q {qt.shape}, k {kt.shape}")
+    if Hv != Hkv or Sv != Skv:
+        raise ShapeError(f"{where}: k {kt.shape} and v {vt.shape} must share [B, Hkv, Skv]")
+    if Hq % Hkv:
+        raise ShapeError(
+            f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0)"
+        )
+    a.q, a.k, a.v = qt, kt, vt
+    a.B, a.Hq, a.Hkv, a.Sq, a.Skv, a.D, a.Dv, a.G = B, Hq, Hkv, Sq, Skv, D, Dv, Hq // Hkv
+    a.copied_bytes = qt.copied_bytes + kt.copied_bytes + vt.copied_bytes
+    a.scale = check_scale(scale, D, where)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ConstraintError(f"{where}: causal must be True or False, got {causal!r}")
+    a.causal = bool(causal)
+    a.kv_len, a.kv_len_given = check_kv_len(kv_len, B, Skv, where)
+    a.has_mask, a.mask_flat, a.mask_strides = check_mask(mask, (B, Hq, Sq, Skv), where)
+    a.gqa = check_gqa(gqa, where)
+    return a
+
+
+def check_scale(scale, D, where):
+    if scale is None:
+        return np.float32(1.0 / math.sqrt(D))
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ConstraintError(f"{where}: scale must be a finite real number, got {scale!r}")
+    return np.float32(scale)
+
+
+def check_gqa(gqa, where):
+    if gqa not in GQA_MODES:
+        raise ConstraintError(f"{where}: gqa must be one of {GQA_MODES}, got {gqa!r}")
+    return gqa
+
+
+def check_pv(pv, where):
+    if pv not in PV_MODES:
+        raise ConstraintError(f"{where}: pv must be one of {PV_MODES}, got {pv!r}")
+    return pv
+
+
+def check_kv_len(kv_len, B, Skv, where):
+    """-> (int64 array [B], given?). Values must lie in [0, Skv]."""
+    if kv_len is None:
+        return np.full(B, Skv, dtype=np.int64), False
+    arr = np.asarray(kv_len)
+    if arr.dtype.kind not in "iu":
+        raise DTypeError(f"{where}: kv_len must be an integer array [B], got dtype {arr.dtype}")
+    if arr.shape != (B,):
+        raise ShapeError(f"{where}: kv_len must have shape [B] = ({B},), got {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() > Skv):
+        bad = int(np.flatnonzero((arr < 0) | (arr > Skv))[0])
+        raise ConstraintError(
+            f"{where}: kv_len[{bad}] = {int(arr[bad])} is outside [0, Skv={Skv}]"
+        )
+    return np.array(arr, dtype=np.int64), True  # a copy: a kept call must not see later writes
+
+
+def check_mask(mask, full, where):
+    """-> (has_mask, flat float32 array, element strides (b, h, i, j) with 0 on broadcast dims)."""
+    if mask is None:
+        return False, np.zeros(1, np.float32), (0, 0, 0, 0)
+    if not isinstance(mask, np.ndarray):
+        raise DTypeError(f"{where}: mask must be a numpy float32 array, got {type(mask).__name__}")
+    if mask.dtype != np.float32:
+        raise DTypeError(
+            f"{where}: mask must be an additive float32 array, got dtype {mask.dtype}; "
+            f"convert with mask.astype(numpy.float32)"
+        )
+    if mask.ndim > 4:
+        raise ShapeError(f"{where}: mask has {mask.ndim} dims; it must broadcast to [B, Hq, Sq, Skv] = {full}")
+    shape4 = (1,) * (4 - mask.ndim) + mask.shape
+    if any(m not in (1, f) for m, f in zip(shape4, full)) or mask.size == 0:
+        raise ShapeError(f"{where}: mask of shape {mask.shape} does not broadcast to [B, Hq, Sq, Skv] = {full}")
+    # dims a broadcast view repeats (stride 0, e.g. np.broadcast_to) are kept as one slice:
+    # the kernels read them with stride 0 instead of from a copy materialised at full size
+    mask = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.strides)]
+    shape4 = (1,) * (4 - mask.ndim) + mask.shape
+    flat = np.ascontiguousarray(mask).reshape(shape4)
+    strides = []
+    acc = 1
+    for dim in reversed(shape4):
+        strides.append(acc if dim > 1 else 0)
+        acc *= dim
+    strides = tuple(reversed(strides))
+    return True, flat.reshape(-1), strides
+
+
+def shapes_of(q_shape, k_shape, v_shape, where):
+    q_shape, k_shape = tuple(int(x) for x in q_shape), tuple(int(x) for x in k_shape)
+    v_shape = k_shape if v_shape is None else tuple(int(x) for x in v_shape)
+    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
+        if len(s) != 4 or any(d <= 0 for d in s):
+            raise ShapeError(f"{where}: {name} shape must be [B, H, S, D] with positive dims, got {s}")
+    B, Hq, Sq, D = q_shape
+    _, Hkv, Skv, _ = k_shape
+    if Hq % Hkv:
+        raise ShapeError(f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0)")
+    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape), ("the output [B, Hq, Sq, Dv]", (B, Hq, Sq, v_shape[3]))):
+        inputs.check_size(s, name, where)
+    return B, Hq, Sq, D, Hkv, Skv, v_shape[3]
+
