@@ -9,7 +9,7 @@
 ``kinds``       the numba type checks of kernel-view arrays (``storage_array``, ``f32_array``,
                 ``bf16_array``), the ``bfloat`` type :class:`BFloat`, ``target_has_bf16_dot``
 ``lines``       the loop template: a span as head, whole 64-byte lines, tail (``line_span``,
-                ``copy_lines``; ``first_line`` for numba loops)
+                ``copy_lines``; ``first_line``, ``line_head`` for numba loops)
 ==============  ==================================================================================
 
 The numba rules these kernels follow (uint64 offsets, fast-math flags, vector width) are stated
@@ -28,7 +28,7 @@ from .convert import (  # noqa: F401
     widen_ir,
 )
 from .kinds import STORAGE_KINDS, BFloat, bf16_array, f32_array, storage_array, target_has_bf16_dot  # noqa: F401
-from .lines import LINE, copy_lines, first_line, line_span, steps  # noqa: F401
+from .lines import LINE, copy_lines, first_line, line_head, line_span, steps  # noqa: F401
 from .memory import (  # noqa: F401
     PREFETCH_L1,
     PREFETCH_L2,
