@@ -76,12 +76,28 @@ WHERE = "mean.sum_div"
 
 
 @kernel
-def _rows_kernel(x, out, n_rows, length, col_tile, rows_per_tile, tiles_per_task, groups, finish, divisor):
-    """Rows layout. x: flat [n_rows, length]; out: flat [n_rows, groups].
+def _rows_kernel(
+    x,
+    out,
+    n_rows,
+    length,
+    col_tile,
+    rows_per_tile,
+    tiles_per_task,
+    groups,
+    finish,
+    divisor,
+):
+    """Rows layout. Task t = (row block, group g): rows ``rows_per_tile``, column tiles
+    ``g*tiles_per_task ..``; writes the group's sum divided by ``divisor`` for each of its rows.
 
-    Task t = (row block, group g): rows ``rows_per_tile``, column tiles ``g*tiles_per_task ..``;
-    writes the group's sum divided by ``divisor`` for each of its rows (``finish`` = False: fp32
-    partials, ``divisor`` = 1, only the op count differs).
+    Parameters
+    ----------
+    x : flat [n_rows, length] kernel view
+    out : flat [n_rows, groups] (storage kernel view, or fp32 partials)
+    col_tile, rows_per_tile, tiles_per_task, groups : the tiling of the plan's step
+    finish : the last kernel (counts the division); False: fp32 partials, ``divisor`` = 1
+    divisor : what each sum is divided by (the reduced length, or 1 for partials)
     """
     n_tiles = (length + col_tile - 1) // col_tile
     row_blocks = (n_rows + rows_per_tile - 1) // rows_per_tile
@@ -107,7 +123,7 @@ def _rows_kernel(x, out, n_rows, length, col_tile, rows_per_tile, tiles_per_task
             base = row * length
             acc = np.float32(0.0)  # UB accumulator of this row
             for k in range(k0, k1):
-                # a slice, not x[base + c]: numba vectorises the loop over a view ~3x better
+                # a slice, not x[base + c]: numba vectorises a loop over a view (see machine/jit.py)
                 seg = x[base + k * col_tile:base + min(length, (k + 1) * col_tile)]
                 partial = np.float32(0.0)  # the fp32 reduction tile's sum
                 for c in range(seg.size):
@@ -123,13 +139,30 @@ def _rows_kernel(x, out, n_rows, length, col_tile, rows_per_tile, tiles_per_task
 
 
 @kernel
-def _strided_kernel(x, out, outer, length, inner, inner_tile, l_tile, ltiles_per_task, groups,
-                    finish, divisor, scratch):
-    """Strided layout. x: flat [outer, length, inner]; out: flat [outer, groups, inner].
+def _strided_kernel(
+    x,
+    out,
+    outer,
+    length,
+    inner,
+    inner_tile,
+    l_tile,
+    ltiles_per_task,
+    groups,
+    finish,
+    divisor,
+    scratch,
+):
+    """Strided layout. Task t = (o, inner block, group g): sums L-tiles ``g*ltiles_per_task ..``
+    of ``l_tile`` rows of ``inner_tile`` contiguous elements.
 
-    Task t = (o, inner block, group g): sums L-tiles ``g*ltiles_per_task ..`` of ``l_tile`` rows of
-    ``inner_tile`` contiguous elements. ``scratch[thread, 0/1, :inner_tile]``: the partial and the
-    accumulator rows (UB), allocated once per call.
+    Parameters
+    ----------
+    x : flat [outer, length, inner] kernel view
+    out : flat [outer, groups, inner] (storage kernel view, or fp32 partials)
+    inner_tile, l_tile, ltiles_per_task, groups : the tiling of the plan's step
+    finish, divisor : as :func:`_rows_kernel`
+    scratch : [threads, 2, inner_tile] fp32, the partial and the accumulator rows (UB)
     """
     n_ib = (inner + inner_tile - 1) // inner_tile
     n_lt = (length + l_tile - 1) // l_tile
@@ -165,7 +198,7 @@ def _strided_kernel(x, out, outer, length, inner, inner_tile, l_tile, ltiles_per
             for i in range(w):
                 part[i] = np.float32(0.0)
             # L-rows of w contiguous elements, four at a time: the partial row is loaded and
-            # stored once per 4 input rows (measured ~1.2x over one row at a time)
+            # stored once per 4 input rows instead of once per row
             l = l0
             while l + 4 <= l1:
                 base = (o * length + l) * inner + i0
@@ -358,9 +391,9 @@ def _serial_copy(fn, name):
 
 
 # The finishing kernel of a split sums a few fp32 partials. When they are small its tile tasks run
-# one after the other on the calling thread: a 1-task parallel launch right after the big one
-# slowed the pair by ~20% (measured: 64M fp32 flat mean, 2 threads), for microseconds of work.
-# Same tasks, same counts, same bits; only the CPU schedule differs.
+# one after the other on the calling thread: a parallel launch right after the big one costs more
+# than those microseconds of work (docs/performance.md). Same tasks, counts and bits; only the CPU
+# schedule differs.
 SERIAL_FINISH_BYTES = 1 << 20
 _rows_kernel_serial = _serial_copy(_rows_kernel.py_func, "_rows_kernel_serial")
 _strided_kernel_serial = _serial_copy(_strided_kernel.py_func, "_strided_kernel_serial")

@@ -192,7 +192,7 @@ def test_result_independent_of_token_tile_and_threads(fn, rng):
 def test_out_argument_in_place_and_misaligned(stream, dtype, rng, monkeypatch):
     """out= (x itself, or rows starting off any 32-byte boundary) gives the new array's bits, with
     plain stores and with streaming stores (forced by lowering the size threshold)."""
-    monkeypatch.setattr(rope, "STREAM_MIN_BYTES", 0 if stream else 1 << 62)
+    monkeypatch.setattr(rope.public, "STREAM_MIN_BYTES", 0 if stream else 1 << 62)
     x = make((9, 3, 40), dtype, rng)
     cos, sin = tables(9, 40, dtype, rng)
     w = make((40,), dtype, rng)
@@ -223,7 +223,7 @@ def test_fp32_direct_streaming_matches_staged_bits(D, R, rng, monkeypatch):
     """fp32 rope with line-aligned head rows streams from registers (no staging row); its bits
     equal the staged path's (a misaligned out=) and the cached path's, also in place, with a
     partial rotary dim and with a token tile tail; counted Cost == planned."""
-    monkeypatch.setattr(rope, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(rope.public, "STREAM_MIN_BYTES", 0)
     x = make((2, 11, 3, D), "fp32", rng)
     cos, sin = tables(11, R, "fp32", rng)
     direct, rec = run_traced(rope.standard, x, cos, sin)  # fresh outputs are 64-byte aligned
@@ -238,7 +238,7 @@ def test_fp32_direct_streaming_matches_staged_bits(D, R, rng, monkeypatch):
     y[...] = x
     assert rope.standard(y, cos, sin, out=y) is y
     np.testing.assert_array_equal(y.view(np.uint32), direct.view(np.uint32))
-    monkeypatch.setattr(rope, "STREAM_MIN_BYTES", 1 << 62)
+    monkeypatch.setattr(rope.public, "STREAM_MIN_BYTES", 1 << 62)
     np.testing.assert_array_equal(rope.standard(x, cos, sin).view(np.uint32), direct.view(np.uint32))
 
 
