@@ -52,8 +52,8 @@ def store_narrow(builder, v, data, off, kind, lanes, align=1, nontemporal=False)
     (round to nearest even); ``nontemporal``: a streaming store (``align`` must be the line)."""
     raw = raw_type(kind)
     rty = raw if lanes == 1 else ir.VectorType(raw, lanes)
+    p = ptr(builder, data, off, rty)  # before the rounding: the order rope's kernels were built in
     y = narrow_ir(builder, v, kind, lanes)
-    p = ptr(builder, data, off, rty)
     if nontemporal:
         stream_store(builder, y, p, align)
     else:
