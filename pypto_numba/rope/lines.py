@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..machine.ir.lines import line_head
 from ..machine.jit import device
-from ..machine.tile import LINE, stream_lines
+from ..machine.tile import stream_lines
 from ..machine.tile import copy as _copy
 from ..machine.tile import store_fence as _store_fence
 
@@ -33,7 +34,7 @@ def first_partial(e, addr0, size, L, stream):
     without ``stream``. ``addr0``: out's address, ``size``: its itemsize (uint64)."""
     pre = np.uint64(0)
     if stream:
-        pre = (L - (addr0 + e * size) % np.uint64(LINE) // size) % L
+        pre = line_head(addr0 + e * size, size, L)
     return pre
 
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from ..machine import dtypes
-from ..machine.tile import LINE
+from ..machine import ir as irb
+from ..machine.ir import LINE
 
 V16 = 16  # fp32 lanes of one 64-byte line
 
@@ -34,33 +33,26 @@ def _rotation_loop(context, builder, sig, args, store, lanes, start, count):
     s_arr = context.make_array(sig.args[5])(context, builder, args[5])
     do, xo, co, h = args[1], args[3], args[6], args[7]
     src_kind = sig.args[2].dtype
-    i64 = ir.IntType(64)
-    f32 = ir.FloatType()
-    fty = f32 if lanes == 1 else ir.VectorType(f32, lanes)
-    raw = context.get_data_type(src_kind)
-    rty = raw if lanes == 1 else ir.VectorType(raw, lanes)
-    name = "llvm.fma.f32" if lanes == 1 else f"llvm.fma.v{lanes}f32"
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(fty, [fty] * 3), name)
 
-    def load(arr, off, vty, kind):
-        ptr = builder.bitcast(builder.gep(arr.data, [off]), vty.as_pointer())
-        return dtypes.widen_ir(builder, builder.load(ptr, align=1), kind, lanes)
+    def load(arr, off, kind):
+        return irb.load_widen(builder, arr.data, off, kind, lanes, align=1)
 
-    with cgutils.for_range(builder, count) as loop:
-        j = builder.add(start, builder.mul(loop.index, ir.Constant(i64, lanes)))
+    def step(j):
         jh = builder.add(j, h)
-        a = load(x_arr, builder.add(xo, j), rty, src_kind)
-        b = load(x_arr, builder.add(xo, jh), rty, src_kind)
+        a = load(x_arr, builder.add(xo, j), src_kind)
+        b = load(x_arr, builder.add(xo, jh), src_kind)
         cj = builder.add(co, j)
         cjh = builder.add(co, jh)
-        c1 = load(c_arr, cj, fty, types.float32)
-        c2 = load(c_arr, cjh, fty, types.float32)
-        s1 = load(s_arr, cj, fty, types.float32)
-        s2 = load(s_arr, cjh, fty, types.float32)
-        lo = builder.call(fma, [a, c1, builder.fneg(builder.fmul(b, s1))])
-        hi = builder.call(fma, [a, s2, builder.fmul(b, c2)])
+        c1 = load(c_arr, cj, types.float32)
+        c2 = load(c_arr, cjh, types.float32)
+        s1 = load(s_arr, cj, types.float32)
+        s2 = load(s_arr, cjh, types.float32)
+        lo = irb.fma(builder, a, c1, builder.fneg(builder.fmul(b, s1)))
+        hi = irb.fma(builder, a, s2, builder.fmul(b, c2))
         store(d_arr, builder.add(do, j), lo)
         store(d_arr, builder.add(do, jh), hi)
+
+    irb.steps(builder, start, count, lanes, step)
 
 
 def _rows_of(kinds, *arrays):
@@ -68,7 +60,7 @@ def _rows_of(kinds, *arrays):
 
 
 _F32_ONLY = (types.float32,)
-_ANY_KIND = (types.float32, types.uint16, types.int16)
+_ANY_KIND = irb.STORAGE_KINDS
 _U64 = types.uint64
 
 
@@ -89,13 +81,10 @@ def _rotate_stream(typingctx, out, o_off, x, x_off, cf, sf, c_off, half):
         return None
 
     def codegen(context, builder, sig, args):
-        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        v16 = ir.VectorType(ir.FloatType(), V16)
         h = args[7]
 
         def store(arr, off, vec):
-            ptr = builder.bitcast(builder.gep(arr.data, [off]), v16.as_pointer())
-            builder.store(vec, ptr, align=LINE).set_metadata("nontemporal", nontemporal)
+            irb.stream_store(builder, vec, irb.ptr(builder, arr.data, off, vec.type), LINE)
 
         _rotation_loop(context, builder, sig, args, store, V16, ir.Constant(h.type, 0),
                        builder.udiv(h, ir.Constant(h.type, V16)))
@@ -124,16 +113,13 @@ def _rotate(typingctx, src, s_off, dst, d_off, cf, sf, half):
         # _rotation_loop's argument order: (dst, d_off, src, s_off, cf, sf, c_off, half)
         lsig = types.void(sig.args[2], _U64, sig.args[0], _U64, sig.args[4], sig.args[5], _U64, _U64)
         largs = [dst_, d_off_, src_, s_off_, cf_, sf_, ir.Constant(h.type, 0), h]
-        ety = context.get_data_type(kind)
         nv = builder.udiv(h, ir.Constant(h.type, V16))
         done = builder.mul(nv, ir.Constant(h.type, V16))
         # 16-lane steps, then the rest of each half one element at a time
         for lanes, start, count in ((V16, ir.Constant(h.type, 0), nv), (1, done, builder.sub(h, done))):
-            vty = ety if lanes == 1 else ir.VectorType(ety, lanes)
 
-            def store(arr, off, val, vty=vty, lanes=lanes):
-                ptr = builder.bitcast(builder.gep(arr.data, [off]), vty.as_pointer())
-                builder.store(dtypes.narrow_ir(builder, val, kind, lanes), ptr, align=1)
+            def store(arr, off, val, lanes=lanes):
+                irb.store_narrow(builder, val, arr.data, off, kind, lanes, align=1)
 
             _rotation_loop(context, builder, lsig, largs, store, lanes, start, count)
         return context.get_dummy_value()
@@ -147,7 +133,7 @@ def _rotate_direct(of, o, xf, cf, sf, c, half):
 
 @overload(_rotate_direct, jit_options={"forceinline": True})
 def _rotate_direct_impl(of, o, xf, cf, sf, c, half):
-    if isinstance(of, types.Array) and of.dtype == types.float32:
+    if irb.f32_array(of):
         return lambda of, o, xf, cf, sf, c, half: _rotate_stream(of, o, xf, o, cf, sf, c, half)
     return lambda of, o, xf, cf, sf, c, half: None
 

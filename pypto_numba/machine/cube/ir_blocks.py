@@ -7,11 +7,8 @@ chosen width (explicit ``<16 x float>`` stays 512-bit; see machine/jit.py for th
 choice). Operands ``w`` are storage kernel views (float32, uint16 = bf16, int16 = fp16) widened
 exactly to fp32 on load; offsets are flat uint64 element indices into the data of a C-contiguous
 array of any rank. The order of every fp32 addition is fixed by the code, so results do not
-depend on the thread count.
-
-Generic helpers (not cube-specific, candidates for a shared IR package): :func:`_vload`,
-:func:`_vload_widen`, :func:`_fma`, :func:`_prefetch`, :func:`_splat`, :func:`_hsum_tree`
-and the ``bfloat`` type :class:`_BFloat`.
+depend on the thread count. The generic IR (loads, widening, FMA, prefetch, splat, lane folds,
+operand checks, ``bfloat``) is :mod:`pypto_numba.machine.ir`'s; only the blocks are here.
 """
 
 from __future__ import annotations
@@ -21,6 +18,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .. import ir as irb
+from ..ir import PREFETCH_L2
+from ..ir import BFloat as _BFloat  # noqa: F401  (the old names, for .decode and the tests)
+from ..ir import bf16_array as _is_bf16_array  # noqa: F401
+
 V16 = 16  # fp32 lanes of one 512-bit vector: the unit of dot4x2
 
 # ``pairs`` modes of the dot blocks: how a step multiplies ``a`` by ``w``
@@ -29,59 +31,10 @@ DPBF16 = True  # bf16 ``a`` and ``w`` in pairs of elements by VDPBF16PS (AVX512_
 PAIRS_FMA = False  # the same pairs sums by two FMAs (any AVX-512 CPU)
 PAIRS_AUTO = "auto"  # DPBF16 when numba compiles for a CPU that has it, else PAIRS_FMA
 
-# ``llvm.prefetch`` locality: into L1 (prefetcht0) or into L2 only (prefetcht1)
-PREFETCH_L1 = 3
-PREFETCH_L2 = 2
-
-
-def _storage_ok(a):
-    return isinstance(a, types.Array) and a.dtype in (types.float32, types.uint16, types.int16)
-
-
-def _f32_array(a):
-    return isinstance(a, types.Array) and a.dtype == types.float32
-
-
-def _is_bf16_array(a):
-    return isinstance(a, types.Array) and a.dtype == types.uint16
-
-
-def _vload(builder, data, off, vty, align):
-    """A vector of type ``vty`` loaded from flat element index ``off`` of pointer ``data``."""
-    return builder.load(builder.bitcast(builder.gep(data, [off]), vty.as_pointer()), align=align)
-
-
-def _vload_widen(builder, data, off, dtype, lanes=V16):
-    """``lanes`` storage elements at flat index ``off`` -> ``<lanes x float>`` (exact widening)."""
-    vf = ir.VectorType(ir.FloatType(), lanes)
-    if dtype == types.float32:
-        return _vload(builder, data, off, vf, 4)
-    raw = _vload(builder, data, off, ir.VectorType(ir.IntType(16), lanes), 2)
-    if dtype == types.uint16:  # bf16 bits -> the high half of fp32 bits
-        wide = builder.zext(raw, ir.VectorType(ir.IntType(32), lanes))
-        wide = builder.shl(wide, ir.Constant(ir.VectorType(ir.IntType(32), lanes), [16] * lanes))
-        return builder.bitcast(wide, vf)
-    return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), lanes)), vf)
-
-
-def _fma(builder, acc, x, y):
-    flags = ("contract",)  # lets LLVM fuse the multiply-add (one rounding), as numba's kernels do
-    return builder.fadd(acc, builder.fmul(x, y, flags=flags), flags=flags)
-
-
-def _splat(builder, x, vf):
-    """Scalar ``x`` broadcast to every lane of vector type ``vf``."""
-    xv = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(xv, xv, ir.Constant(ir.VectorType(ir.IntType(32), vf.count), [0] * vf.count))
-
-
-def _prefetch(builder, ptr, locality=PREFETCH_L1):
-    """Prefetch the line holding ``ptr`` into L1 (``PREFETCH_L1``) or L2 (``PREFETCH_L2``).
-    A hint: never faults, changes no result."""
-    i8p = ir.IntType(8).as_pointer()
-    i32 = ir.IntType(32)
-    fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
+def _load_widen(builder, data, off, kind, lanes):
+    """``lanes`` storage elements at flat index ``off`` -> ``<lanes x float>`` (exact widening;
+    fp16 by ``vcvtph2ps``), aligned to the element."""
+    return irb.load_widen(builder, data, off, kind, lanes, align=4 if kind == types.float32 else 2, fp16_hw=True)
 
 
 def _dot_block(
@@ -127,36 +80,21 @@ def _dot_block(
         q = builder.mul(loop.index, ir.Constant(i64, step))
         if ahead:
             for wr in wrows:
-                _prefetch(builder, builder.gep(w_data, [builder.add(wr, builder.add(q, ir.Constant(i64, ahead)))]))
+                irb.prefetch(builder, builder.gep(w_data, [builder.add(wr, builder.add(q, ir.Constant(i64, ahead)))]))
         if far is not None:
             with builder.if_then(builder.icmp_unsigned("!=", far, ir.Constant(i64, 0))):
                 for wr in wrows:
-                    _prefetch(builder, builder.gep(w_data, [builder.add(builder.add(wr, far), q)]), PREFETCH_L2)
+                    irb.prefetch(builder, builder.gep(w_data, [builder.add(builder.add(wr, far), q)]), PREFETCH_L2)
         if pairs is not WIDENED:
             _pairs_step(builder, accs, a_data, arows, w_data, wrows, q, lanes, pairs)
         else:
-            ws = [_vload_widen(builder, w_data, builder.add(wr, q), w.dtype, lanes) for wr in wrows]
+            ws = [_load_widen(builder, w_data, builder.add(wr, q), w.dtype, lanes) for wr in wrows]
             for i in range(rows):
-                x = _vload(builder, a_data, builder.add(arows[i], q), v16, 4)
+                x = irb.load(builder, a_data, builder.add(arows[i], q), v16, 4)
                 for j in range(cols):
                     acc = accs[cols * i + j]
-                    builder.store(_fma(builder, builder.load(acc), x, ws[j]), acc)
+                    builder.store(irb.mul_add(builder, builder.load(acc), x, ws[j]), acc)
     return [builder.load(acc) for acc in accs]
-
-
-try:
-    class _BFloat(ir.types._BaseFloatType):
-        """LLVM's ``bfloat`` (llvmlite.ir has none): only to type VDPBF16PS's operands."""
-
-        null = "0.0"
-        intrinsic_name = "bf16"
-
-        def __str__(self):
-            return "bfloat"
-
-    _BFloat._create_instance()
-except Exception:  # an llvmlite without this (private) base class: the FMA form everywhere
-    _BFloat = None
 
 
 def _pairs_step(builder, accs, a_data, arows, w_data, wrows, q, lanes, hw):
@@ -175,23 +113,23 @@ def _pairs_step(builder, accs, a_data, arows, w_data, wrows, q, lanes, hw):
         even = builder.shl(v, ir.Constant(vi, [16] * lanes))
         return builder.bitcast(odd, vf), builder.bitcast(even, vf)
 
-    ws = [_vload(builder, w_data, builder.add(wr, q), vi, 2) for wr in wrows]
+    ws = [irb.load(builder, w_data, builder.add(wr, q), vi, 2) for wr in wrows]
     if hw:
-        bf = ir.VectorType(_BFloat(), 2 * lanes)
+        bf = ir.VectorType(irb.BFloat(), 2 * lanes)
         dp = builder.module.declare_intrinsic(
             f"llvm.x86.avx512bf16.dpbf16ps.{32 * lanes}", fnty=ir.FunctionType(vf, [vf, bf, bf]))
         ws = [builder.bitcast(v, bf) for v in ws]
     else:
         ws = [halves(v) for v in ws]
     for i, ar in enumerate(arows):
-        x = _vload(builder, a_data, builder.add(ar, q), vi, 2)
+        x = irb.load(builder, a_data, builder.add(ar, q), vi, 2)
         x = builder.bitcast(x, bf) if hw else halves(x)
         for j in range(cols):
             acc = accs[cols * i + j]
             if hw:
                 v = builder.call(dp, [builder.load(acc), x, ws[j]])
             else:
-                v = _fma(builder, _fma(builder, builder.load(acc), x[0], ws[j][0]), x[1], ws[j][1])
+                v = irb.mul_add(builder, irb.mul_add(builder, builder.load(acc), x[0], ws[j][0]), x[1], ws[j][1])
             builder.store(v, acc)
 
 
@@ -201,25 +139,13 @@ def _dot_codegen(context, builder, sig, args, cols, lanes, rows=4, ahead=0, pair
     (``far``, ``pairs``: see :func:`_dot_block`; ``PAIRS_AUTO``: VDPBF16PS when numba compiles
     for a CPU that has it)."""
     if pairs == PAIRS_AUTO:
-        pairs = _target_has_bf16_dot(context)
+        pairs = irb.target_has_bf16_dot(context)
     a_arr = context.make_array(sig.args[0])(context, builder, args[0])
     w_arr = context.make_array(sig.args[3])(context, builder, args[3])
     r_arr = context.make_array(sig.args[7])(context, builder, args[7])
     accs = _dot_block(builder, a_arr.data, args[1], args[2], sig.args[3], w_arr.data, args[4], args[5],
                       args[6], rows, cols, lanes, ahead, args[8] if len(args) > 8 else None, pairs)
     return accs, r_arr
-
-
-def _target_has_bf16_dot(context) -> bool:
-    """Whether the CPU numba compiles for has AVX512_BF16 (VDPBF16PS): the feature string numba's
-    codegen uses (``NUMBA_CPU_FEATURES``, else the host's), so a cached kernel matches it."""
-    if _BFloat is None:
-        return False
-    try:
-        features = context.codegen()._get_host_cpu_features()
-    except Exception:  # a numba without this hook: the FMA form is right everywhere
-        return False
-    return "+avx512bf16" in str(features).split(",")
 
 
 def _dot_intrinsic(name, codegen, stream=False, pairs=False):
@@ -231,10 +157,10 @@ def _dot_intrinsic(name, codegen, stream=False, pairs=False):
 
     def typed(a, w, res, *far):
         if pairs:
-            ok = _is_bf16_array(a) and _is_bf16_array(w)
+            ok = irb.bf16_array(a) and irb.bf16_array(w)
         else:
-            ok = _f32_array(a) and _storage_ok(w)
-        if not (ok and _f32_array(res)):
+            ok = irb.f32_array(a) and irb.storage_array(w)
+        if not (ok and irb.f32_array(res)):
             return None
         return types.void(a, u64, u64, w, u64, u64, u64, res, *far), codegen
 
@@ -248,22 +174,11 @@ def _dot_intrinsic(name, codegen, stream=False, pairs=False):
     return intrinsic(dot)
 
 
-def _hsum_tree(builder, v):
-    """The sum of the lanes of vector ``v``, by a tree: 16 -> 8 -> 4 -> 2 -> 1 lanes."""
-    width = v.type.count
-    while width > 1:
-        width //= 2
-        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
-        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width),
-                                                      list(range(width, 2 * width))))
-        v = builder.fadd(lo, hi)
-    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-
-
 def _store_tree_sums(builder, accs, r_arr):
-    """``res[k]`` = the sum of the lanes of ``accs[k]`` (:func:`_hsum_tree`)."""
+    """``res[k]`` = the sum of the lanes of ``accs[k]``, by a tree: 16 -> 8 -> 4 -> 2 -> 1 lanes."""
     for k, v in enumerate(accs):
-        builder.store(_hsum_tree(builder, v), builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), k)]))
+        total = builder.extract_element(irb.fold_halves(builder, v, builder.fadd), ir.Constant(ir.IntType(32), 0))
+        builder.store(total, builder.gep(r_arr.data, [ir.Constant(ir.IntType(64), k)]))
 
 
 def _tree_sums_codegen(cols, rows=4, pairs=WIDENED):
@@ -319,7 +234,7 @@ def _outer(rows, vecs, lanes=V16):
     """The intrinsic ``outer{rows}x{vecs*lanes}`` (see :func:`outer4x64`)."""
 
     def outer(typingctx, c, c0, ldc, a, a0, lda, w, w0, ldw, k, acc):
-        if not (_f32_array(c) and _f32_array(a) and _storage_ok(w)):
+        if not (irb.f32_array(c) and irb.f32_array(a) and irb.storage_array(w)):
             return None
 
         def codegen(context, builder, sig, args):
@@ -346,14 +261,14 @@ def _outer(rows, vecs, lanes=V16):
             with cgutils.for_range(builder, k_) as loop:
                 p = loop.index
                 wrow = builder.add(w0_, builder.mul(ldw_, p))
-                ws = [_vload_widen(builder, w_arr.data, builder.add(wrow, ir.Constant(i64, v * lanes)),
-                                   w.dtype, lanes) for v in range(vecs)]
+                ws = [_load_widen(builder, w_arr.data, builder.add(wrow, ir.Constant(i64, v * lanes)),
+                                  w.dtype, lanes) for v in range(vecs)]
                 for i in range(rows):
                     x = builder.load(builder.gep(a_arr.data, [builder.add(arows[i], p)]))
-                    xv = _splat(builder, x, vf)
+                    xv = irb.splat(builder, x, vf)
                     for v in range(vecs):
                         acc = accs[vecs * i + v]
-                        builder.store(_fma(builder, builder.load(acc), xv, ws[v]), acc)
+                        builder.store(irb.mul_add(builder, builder.load(acc), xv, ws[v]), acc)
             for acc_, ptr in zip(accs, cptrs):
                 builder.store(builder.load(acc_), ptr, align=4)
             return context.get_dummy_value()

@@ -5,7 +5,8 @@ tail, so that every whole line is written by one store (optionally streaming) an
 - :func:`line_span` (IR): emits a step loop for each of the three parts; the caller's ``step``
   builds the loads, math and stores of one step of ``lanes`` elements;
 - :func:`copy_lines` (IR): the whole-lines part of a plain copy, one streaming store per vector;
-- :func:`first_line` (numba): the same cut for kernels whose head and tail are numba loops.
+- :func:`first_line` (numba): the same cut for kernels whose head and tail are numba loops
+  (:func:`line_head`: the head's length from an address).
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def copy_lines(builder, dst_ptr, src_ptr, nbytes, width, src_align):
         stream_store(builder, v, builder.gep(dp, [loop.index]), width)
 
 
+@device(inline="always")
+def line_head(addr, size, L):
+    """Elements of ``size`` bytes from byte address ``addr`` (a whole number of elements off a
+    line) up to the next 64-byte line boundary, 0 on one; ``L = LINE // size`` (uint64s)."""
+    return (L - addr % np.uint64(LINE) // size) % L
+
+
 @device
 def first_line(a, e, stop):
     """The first element of ``a[e:stop]`` (1-D, uint64 indices) that starts a 64-byte line, or
@@ -69,5 +77,4 @@ def first_line(a, e, stop):
     span is ``a[e:first_line]``, its whole lines end at ``first + (stop - first) // L * L``."""
     size = np.uint64(a.itemsize)
     L = np.uint64(LINE) // size
-    mis = (np.uint64(a.ctypes.data) + e * size) % np.uint64(LINE) // size
-    return min(e + (L - mis) % L, stop)
+    return min(e + line_head(np.uint64(a.ctypes.data) + e * size, size, L), stop)

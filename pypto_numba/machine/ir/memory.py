@@ -15,6 +15,10 @@ from numba.core import cgutils
 from .convert import fp16_value_hw, narrow_ir, widen_ir
 from .vector import I32
 
+# ``llvm.prefetch`` locality: into every level (prefetcht0) or into L2, not L1 (prefetcht1)
+PREFETCH_L1 = 3
+PREFETCH_L2 = 2
+
 
 def raw_type(kind):
     """The IR element type of a kernel-view dtype (float32, or i16 for the 16-bit formats)."""
@@ -48,8 +52,8 @@ def store_narrow(builder, v, data, off, kind, lanes, align=1, nontemporal=False)
     (round to nearest even); ``nontemporal``: a streaming store (``align`` must be the line)."""
     raw = raw_type(kind)
     rty = raw if lanes == 1 else ir.VectorType(raw, lanes)
+    p = ptr(builder, data, off, rty)  # before the rounding: the order rope's kernels were built in
     y = narrow_ir(builder, v, kind, lanes)
-    p = ptr(builder, data, off, rty)
     if nontemporal:
         stream_store(builder, y, p, align)
     else:
@@ -73,9 +77,10 @@ def masked_load(builder, p, mask, passthru, align):
     return builder.call(fn, [builder.bitcast(p, vty.as_pointer()), ir.Constant(I32, align), mask, passthru])
 
 
-def prefetch(builder, p, locality=3):
-    """Hint a load of the line holding ``p`` (read, data cache): locality 3 ``prefetcht0`` (all
-    levels), 2 ``prefetcht1`` (into L2, not L1). Never faults, changes no result."""
+def prefetch(builder, p, locality=PREFETCH_L1):
+    """Hint a load of the line holding ``p`` (read, data cache): ``PREFETCH_L1`` (3,
+    ``prefetcht0``, all levels) or ``PREFETCH_L2`` (2, ``prefetcht1``, into L2, not L1). Never
+    faults, changes no result."""
     i8p = ir.IntType(8).as_pointer()
     fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, I32, I32, I32]))
     builder.call(fn, [builder.bitcast(p, i8p), ir.Constant(I32, 0), ir.Constant(I32, locality), ir.Constant(I32, 1)])
