@@ -37,10 +37,10 @@ def _host_has_bf16_dot() -> bool:
     """Whether the CPU numba compiles for (NUMBA_CPU_FEATURES, else the host's) has AVX512_BF16."""
     import llvmlite.binding as llvm
 
-    from pypto_numba.machine.cube import ir_blocks
+    from pypto_numba.machine.ir import BFloat
 
     features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
-    return ir_blocks._BFloat is not None and "+avx512bf16" in features.split(",")
+    return BFloat is not None and "+avx512bf16" in features.split(",")
 
 
 # The VDPBF16PS form of the bf16 pairs blocks runs only where the CPU has AVX512_BF16.

@@ -46,7 +46,7 @@ The walk kernel's numba cache is keyed on ``walk.py`` alone: after editing any o
 clear ``NUMBA_CACHE_DIR`` (the cache pitfall of machine/jit.py).
 
 CPU implementation (none of it changes the NPU semantics above; measurements behind each
-choice: docs/perf/cube.md)
+choice: docs/performance.md)
 -------------------------------------------------------------------------------------------
 - ``L0C += L0A @ L0B^T`` is a single-precision GEMM call with ``beta = 1`` straight into the fp32
   L0C tiles (SciPy's ``cython_blas.sgemm``, :mod:`.blas`). By default (``merge_k``) the L0 steps

@@ -9,7 +9,7 @@ of each family, are in :mod:`.blocks_plain`. Families:
 - bf16 pairs blocks, both operands bf16 as stored: ``dot4x4_pairs``, ``dot1x4_pairs``;
 - outer-product blocks ``outer{rows}x{cols}``, run over any shape by :func:`outer_rows`.
 
-Measurements behind the widths and prefetch distances: docs/perf/cube.md.
+Measurements behind the widths and prefetch distances: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ rows of ``a`` in the register blocks of :mod:`.blocks`.
 
 :func:`gemv_rows` (fp32 ``a``, the weight widened on the fly) and :func:`gemv_rows_pairs` (bf16
 ``a`` and weight in pairs) share their 4-row part, :func:`_rows_by_4`; :func:`_skinny_rows` picks
-one by ``a``'s dtype. Measurements behind the constants: docs/perf/cube.md.
+one by ``a``'s dtype. Measurements behind the constants: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from .blocks import (
     dot4x4_v16,
     dot4x4_v16_stream,
 )
-from .ir_blocks import V16, _is_bf16_array
+from ..ir import bf16_array
+from .ir_blocks import V16
 
 SKINNY_M = 16
 """Below this many rows of ``a`` (one 16-row cube fractal: decode) the walk uses these loops by
@@ -55,7 +56,7 @@ def _block_step(a):
 
 @overload(_block4x4, jit_options={"forceinline": True})
 def _block4x4_impl(a, r0, ua, w, w0, uw, nv, res, far, first):
-    stream, plain = (dot4x4_pairs_stream, dot4x4_pairs) if _is_bf16_array(a) else (dot4x4_v16_stream, dot4x4_v16)
+    stream, plain = (dot4x4_pairs_stream, dot4x4_pairs) if bf16_array(a) else (dot4x4_v16_stream, dot4x4_v16)
 
     def impl(a, r0, ua, w, w0, uw, nv, res, far, first):
         if first:
@@ -67,7 +68,7 @@ def _block4x4_impl(a, r0, ua, w, w0, uw, nv, res, far, first):
 
 @overload(_block1x4, jit_options={"forceinline": True})
 def _block1x4_impl(a, r0, ua, w, w0, uw, nv, res, far, first):
-    stream, plain = (dot1x4_pairs_stream, dot1x4_pairs) if _is_bf16_array(a) else (dot1x4_stream, dot1x4)
+    stream, plain = (dot1x4_pairs_stream, dot1x4_pairs) if bf16_array(a) else (dot1x4_stream, dot1x4)
 
     def impl(a, r0, ua, w, w0, uw, nv, res, far, first):
         if first:
@@ -79,7 +80,7 @@ def _block1x4_impl(a, r0, ua, w, w0, uw, nv, res, far, first):
 
 @overload(_block_step, jit_options={"forceinline": True})
 def _block_step_impl(a):
-    step = PAIR if _is_bf16_array(a) else V16
+    step = PAIR if bf16_array(a) else V16
     return lambda a: np.uint64(step)
 
 
@@ -291,7 +292,7 @@ def _pairs(a):
 
 @overload(_pairs)
 def _pairs_impl(a):
-    if _is_bf16_array(a):
+    if bf16_array(a):
         return lambda a: True
     return lambda a: False
 
@@ -320,7 +321,7 @@ def _skinny_rows(
 
 @overload(_skinny_rows)
 def _skinny_rows_impl(c, j0, m, n, a, af, a0, lda, w, wbase, ldw, k, res, far):
-    if _is_bf16_array(a):
+    if bf16_array(a):
         def impl(c, j0, m, n, a, af, a0, lda, w, wbase, ldw, k, res, far):
             gemv_rows_pairs(c, j0, m, n, a, a0, lda, w, wbase, ldw, k, res, far)
     else:

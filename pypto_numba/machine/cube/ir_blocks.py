@@ -20,8 +20,6 @@ from numba.extending import intrinsic
 
 from .. import ir as irb
 from ..ir import PREFETCH_L2
-from ..ir import BFloat as _BFloat  # noqa: F401  (the old names, for .decode and the tests)
-from ..ir import bf16_array as _is_bf16_array  # noqa: F401
 
 V16 = 16  # fp32 lanes of one 512-bit vector: the unit of dot4x2
 
