@@ -428,11 +428,12 @@ def _advise(profile, shape=(16, 2048), dtype="bf16", residual=False):
 
     if residual:
         cands = [Candidate("fused_add", lambda: (plan_fused_add(shape, dtype, residual_dtype="fp32", profile=profile),))]
-        notes = ["a residual add precedes the norm: fused_add saves the add kernel and the re-read of the new residual"]
-    else:
-        cands = [Candidate("plain", lambda: (plan_plain(shape, dtype, profile=profile),))]
-        notes = ["no residual add before the norm: plain (pass residual=True when one precedes it)"]
-    return cands, None, notes
+        notes = ["a residual add precedes the norm: fused_add saves the add kernel and the re-read of the new "
+                 "residual (plain alone does not include the add: its row prices the norm only)"]
+        return cands, "fused_add", notes
+    cands = [Candidate("plain", lambda: (plan_plain(shape, dtype, profile=profile),))]
+    notes = ["no residual add before the norm: plain (pass residual=True when one precedes it)"]
+    return cands, "plain", notes
 
 
 def _make(shape, dtype, rng):
