@@ -445,7 +445,9 @@ def _make(shape, dtype, rng):
 
 
 def _add_then_plain(x, r, w, **o):
-    """The unfused pair: an add (fp32, rounded to the residual's dtype), then plain."""
+    """The unfused pair: an add (fp32, rounded to the residual's dtype), then plain. The add runs
+    in NumPy, so the row's counted cost is plain's alone (an add kernel would add its launch and
+    N*D*(bx + 2*br) bytes)."""
     new = (r.astype(np.float32) + x.astype(np.float32)).astype(r.dtype)
     return plain(new, w, **o).astype(x.dtype)
 
@@ -455,7 +457,7 @@ def _variants():
 
     return [
         Variant("plain", lambda x, r, w, **o: plain(x, w, **o), lambda x, r, w, **o: reference(x, w)),
-        Variant("add+plain", _add_then_plain, lambda x, r, w, **o: reference(x, w, residual=r)[0]),
+        Variant("numpy_add+plain", _add_then_plain, lambda x, r, w, **o: reference(x, w, residual=r)[0]),
         Variant("fused_add", lambda x, r, w, **o: fused_add(x, r, w, **o)[0],
                 lambda x, r, w, **o: reference(x, w, residual=r)[0], True),
     ]
