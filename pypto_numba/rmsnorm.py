@@ -35,8 +35,10 @@ task for a nonzero offset; fused_add: 1 per element (the add) + 2 per element fo
 residual.
 
 Tiling: one task = T rows of D, T from the profile's ``rmsnorm_row_tile`` lowered until the
-``[T, D]`` fp32 square tile fits the 64 KiB reduction limit and the tiles fit UB. The kernel's
-row reduction is the one of ``rope.rmsnorm`` (same loop, same bits).
+``[T, D]`` fp32 square tile fits the 64 KiB reduction limit and the tiles fit UB. The row loop is
+written as ``rope.rmsnorm``'s, but LLVM vectorises each kernel's fp32 sum of squares on its own
+(``reassoc``, machine/jit.py): the two agree within one storage ulp, not bit for bit, so
+``rope.rmsnorm`` keeps its own kernel (and bits) for now.
 """
 
 from __future__ import annotations
@@ -83,8 +85,7 @@ def _widen_weight(weight, wf, uD, offset):
 @device(forceinline=True)
 def norm_row(y, wf, dst, d_off, uD, ss, inv_d, eps32):
     """``dst[d_off:][:D] = y * 1/sqrt(ss/D + eps) * wf`` for the fp32 row ``y`` and its sum of
-    squares ``ss`` (summed by the caller in the loop that fills ``y``, as rope.rmsnorm does: the
-    same loop gives the same vectorised sum, so the same bits)."""
+    squares ``ss`` (summed by the caller in the loop that fills ``y``, as rope.rmsnorm does)."""
     rstd = np.float32(1.0) / np.sqrt(ss * inv_d + eps32)
     for j in range(uD):
         dst[d_off + j] = dtypes.narrow(dst, y[j] * rstd * wf[j])
