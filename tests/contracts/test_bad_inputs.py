@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import pypto_numba as pn
-from pypto_numba import attention, embedding, gelu, linear, mean, moe, reference, repeat_kv, rope
+from pypto_numba import attention, embedding, gelu, linear, mean, moe, reference, repeat_kv, rmsnorm, rope
 from pypto_numba.errors import ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
 from pypto_numba.machine.profile import ProfileError
 
@@ -331,6 +331,41 @@ close("rope.rmsnorm-x-zero-row", lambda: rope.rmsnorm(np.zeros((2, 1, 8), F32), 
       lambda: reference.rmsnorm(np.zeros((2, 1, 8), F32), RW, eps=0.0) * np.nan)  # 0 * rsqrt(0) = 0 * inf = NaN
 _tile_cases("rope.rmsnorm", "token_tile", lambda **kw: rope.rmsnorm(RX, RW, **kw), too_big=10**6)
 _profile_cases("rope.rmsnorm", lambda **kw: rope.rmsnorm(RX, RW, **kw))
+
+# rmsnorm.plain / rmsnorm.fused_add (x[..., D], weight[D] fp32 or x's dtype, residual x's shape)
+_NX = RX.reshape(10, 8)
+_NR = (4.0 * _normal((10, 8))).astype(F32)
+_NRMS = {
+    "plain": lambda x=_NX, r=_NR, w=RW, **kw: rmsnorm.plain(x, w, **kw),
+    "fused_add": lambda x=_NX, r=_NR, w=RW, **kw: rmsnorm.fused_add(x, r, w, **kw),
+}
+for _k, _fn in _NRMS.items():
+    _p = f"rmsnorm.{_k}"
+    _tensor_cases(_p, "x", _NX, lambda a, f=_fn: f(x=a),
+                  rank_bad=np.float32(1.0), huge_shape=(2**22, 2**10), zero_shape=(5, 0))
+    _tensor_cases(_p, "weight", RW, lambda a, f=_fn: f(w=a), rank_bad=np.float32(1.0), zero_shape=(0,))
+    raises(f"{_p}-weight-shape", lambda f=_fn: f(w=RW[:7]), ShapeError, r"weight must have shape \(8,\)")
+    raises(f"{_p}-weight-dtype-mix", lambda f=_fn: f(x=_NX.astype(BF16), r=_NR, w=RW.astype(np.float16)), DTypeError,
+           r"weight must be fp32 or x's dtype \(bf16\)")
+    for _label, _eps in (("negative", -1e-6), ("nan", float("nan")), ("inf", float("inf")), ("str", "1e-6"), ("bool", True)):
+        raises(f"{_p}-eps-{_label}", lambda e=_eps, f=_fn: f(eps=e), ConstraintError, r"eps must be a finite number >= 0")
+    for _label, _off in (("nan", float("nan")), ("inf", float("inf")), ("str", "1"), ("bool", True)):
+        raises(f"{_p}-offset-{_label}", lambda o=_off, f=_fn: f(offset=o), ConstraintError, r"offset must be a finite number")
+    raises(f"{_p}-inv-unknown", lambda f=_fn: f(inv="fast"), ConstraintError, r"inv must be one of \('rsqrt', 'recip_sqrt'\)")
+    raises(f"{_p}-out-shape", lambda f=_fn: f(out=np.empty((10, 9), F32)), ShapeError, r"out must have x's shape")
+    raises(f"{_p}-out-dtype", lambda f=_fn: f(out=np.empty((10, 8), BF16)), DTypeError, r"out must be a numpy array of x's dtype")
+    close(f"{_p}-x-zero-row", lambda k=_k, f=_fn: (lambda y: y if k == "plain" else y[0])(
+          f(x=np.zeros((2, 8), F32), r=np.zeros((2, 8), F32), eps=0.0)),
+          lambda: np.full((2, 8), np.nan))  # 0 * 1/sqrt(0) = 0 * inf = NaN
+    _tile_cases(_p, "token_tile", lambda f=_fn, **kw: f(**kw), too_big=10**6)
+    _profile_cases(_p, lambda f=_fn, **kw: f(**kw))
+close("rmsnorm.plain-x-nan-inf", lambda: rmsnorm.plain(_RNAN.reshape(10, 8), RW),
+      lambda: reference.rmsnorm_plain(_RNAN.reshape(10, 8), RW), rtol=1e-5, atol=1e-5)
+_tensor_cases("rmsnorm.fused_add", "residual", _NR, lambda a: rmsnorm.fused_add(_NX, a, RW), rank_bad=np.float32(1.0), zero_shape=(5, 0))
+raises("rmsnorm.fused_add-residual-shape", lambda: rmsnorm.fused_add(_NX, _NR[:9], RW), ShapeError,
+       r"residual must have x's shape \(10, 8\)")
+raises("rmsnorm.fused_add-residual-dtype-mix", lambda: rmsnorm.fused_add(_NX.astype(BF16), _NR.astype(np.float16), RW),
+       DTypeError, r"residual must be fp32 or x's dtype \(bf16\)")
 
 raises("rope.cos_sin-positions-object", lambda: rope.cos_sin(np.array([object()]), 8), DTypeError,
        r"positions must be an integer or float array, got dtype object")
