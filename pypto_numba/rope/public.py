@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math as _math
 import numbers
 
@@ -13,6 +14,7 @@ from ..machine import dtypes
 from ..machine import tile
 from ..machine.memo import CallMemo
 from ..machine.tile import LINE, STREAM_MIN_BYTES, ScratchPool
+from ..interop import torch_aware
 from ..strategy import Launch, register
 from .kernels import _cos_sin_kernel, _interleaved_kernel, _norm_rope_kernel
 from .plans import (_geometry, _plan, _table_rows, plan_cos_sin, plan_fused_rmsnorm, plan_interleaved,
@@ -200,6 +202,7 @@ def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None):
     return _call("interleaved", x, None, cos, sin, 0.0, profile, token_tile, out)
 
 
+@functools.partial(torch_aware, where="rope.cos_sin")  # torch positions/dtype in, torch tables out
 def cos_sin(positions, rot_dim, theta=10000.0, dtype=np.float32, *, profile=None, token_tile=None):
     """HF-layout tables ``(cos, sin)``, each ``[*positions.shape, rot_dim]`` in ``dtype``.
 
