@@ -10,11 +10,11 @@ import numpy as np
 
 from .. import inputs
 from ..errors import ConstraintError, DTypeError, ShapeError
+from ..interop import torch_aware
 from ..machine import dtypes
 from ..machine import tile
 from ..machine.memo import CallMemo
 from ..machine.tile import LINE, STREAM_MIN_BYTES, ScratchPool
-from ..interop import torch_aware
 from ..strategy import Launch, register
 from .kernels import _cos_sin_kernel, _interleaved_kernel, _norm_rope_kernel
 from .plans import (_geometry, _plan, _table_rows, plan_cos_sin, plan_fused_rmsnorm, plan_interleaved,

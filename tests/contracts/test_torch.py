@@ -16,11 +16,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is optional; the torch interop tests need it")
 
-import pypto_numba as pn  # noqa: E402
-from pypto_numba import interop  # noqa: E402
-from pypto_numba.errors import DTypeError  # noqa: E402
+from helpers import NP_DTYPE, make
 
-from helpers import DTYPES, NP_DTYPE, make  # noqa: E402
+import pypto_numba as pn
+from pypto_numba import interop
+from pypto_numba.errors import DTypeError
 
 TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -157,7 +157,7 @@ def test_cos_sin_takes_torch_positions_and_dtype(dtype):
         assert isinstance(g, torch.Tensor) and g.dtype == TORCH_DTYPE[dtype]
         assert bits(g) == bits(w)
     # NumPy positions give NumPy tables, whatever the dtype is spelled as
-    c, s = pn.rope.cos_sin(np.arange(5), 32, dtype=TORCH_DTYPE[dtype])
+    c, _ = pn.rope.cos_sin(np.arange(5), 32, dtype=TORCH_DTYPE[dtype])
     assert isinstance(c, np.ndarray) and c.dtype == NP_DTYPE[dtype]
 
 
@@ -182,7 +182,7 @@ def test_out_torch(name, dtype, rng):
 @pytest.mark.parametrize("name", list(CASES))
 def test_strided_tensor_is_copied_and_counted(name, rng):
     """A non-contiguous main tensor takes the NumPy path of a non-contiguous array: the same
-    result (or error) and the same counted workspace, one copy more than a contiguous input."""
+    result and the same counted workspace, one copy more than a contiguous input."""
     fn, build = CASES[name]
     args, kwargs = build(rng, "bf16")
     x = args[0]
@@ -193,13 +193,7 @@ def test_strided_tensor_is_copied_and_counted(name, rng):
     tstrided = twide[..., ::2]
     assert not tstrided.is_contiguous()
     rest_t, kw_t = _torch_args(args[1:], kwargs)
-    try:
-        want, want_rec = _traced(fn, (strided,) + args[1:], kwargs)
-    except Exception as exc:
-        with pytest.raises(type(exc)) as info:
-            fn(tstrided, *rest_t, **kw_t)
-        assert str(info.value) == str(exc)
-        return
+    want, want_rec = _traced(fn, (strided,) + args[1:], kwargs)
     _, contiguous_rec = _traced(fn, args, kwargs)
     got, got_rec = _traced(fn, (tstrided,) + rest_t, kw_t)
     wants = want if isinstance(want, tuple) else (want,)
@@ -278,5 +272,5 @@ def test_wrapper_keeps_name_docstring_signature():
 def test_import_does_not_import_torch():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     code = "import sys, pypto_numba; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
