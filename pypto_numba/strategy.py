@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import time
 
+from .interop import torch_aware
 from .machine.cost import Cost
 from .machine.plan import Plan
 
@@ -78,9 +79,14 @@ _REGISTRY: dict = {}
 
 
 def register(op: str, name: str, *, plan, summary: str = ""):
-    """Decorator registering ``fn`` as strategy ``op.name``; attaches ``fn.plan`` and ``fn.strategy``."""
+    """Decorator registering ``fn`` as strategy ``op.name``; attaches ``fn.plan`` and ``fn.strategy``.
+
+    The registered function is ``fn`` wrapped by :func:`~pypto_numba.interop.torch_aware` (CPU torch
+    tensors in, torch tensors out; ``functools.wraps`` keeps the name, docstring and signature).
+    """
 
     def wrap(fn):
+        fn = torch_aware(fn, f"{op}.{name}")  # torch tensors in and out (pypto_numba/interop.py)
         entry = Strategy(op=op, name=name, fn=fn, plan=plan, summary=summary or (fn.__doc__ or "").strip().split("\n")[0])
         _REGISTRY.setdefault(op, {})[name] = entry
         fn.plan = plan

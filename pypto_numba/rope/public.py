@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math as _math
 import numbers
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from .. import inputs
 from ..errors import ConstraintError, DTypeError, ShapeError
+from ..interop import torch_aware
 from ..machine import dtypes
 from ..machine import tile
 from ..machine.memo import CallMemo
@@ -196,6 +198,7 @@ def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None):
     return _call("interleaved", x, None, cos, sin, 0.0, profile, token_tile, out)
 
 
+@functools.partial(torch_aware, where="rope.cos_sin")  # torch positions/dtype in, torch tables out
 def cos_sin(positions, rot_dim, theta=10000.0, dtype=np.float32, *, profile=None, token_tile=None):
     """HF-layout tables ``(cos, sin)``, each ``[*positions.shape, rot_dim]`` in ``dtype``.
 
