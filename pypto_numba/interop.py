@@ -6,9 +6,8 @@ only when torch is loaded, checks the call's arguments for tensors; a NumPy call
 through. A tensor argument becomes a NumPy view of its memory (zero-copy; bf16 through an int16
 view, as NumPy has no bfloat16 of its own), so validation, its messages and the contiguous copy of
 a strided input (counted as workspace) are the NumPy path's. ``torch.dtype`` arguments (e.g.
-``rope.cos_sin``'s ``dtype``) become their NumPy dtypes. A bool ``mask`` tensor follows torch's
-``scaled_dot_product_attention``: True takes part, so it becomes the additive float32 mask 0 / -inf
-(a new array: the NumPy path takes additive float32 masks only).
+``rope.cos_sin``'s ``dtype``) become their NumPy dtypes. A tensor is judged exactly as its NumPy
+view would be (a bool ``mask`` is refused like a NumPy bool mask, until both accept it).
 
 When the main (first) argument is a tensor, every array in the result becomes a tensor sharing its
 memory (the result of an ``out=`` tensor is that tensor itself). Dtypes are kept: MoE ids stay
@@ -117,8 +116,6 @@ def _torch_call(fn, where, names, first, torch, Tensor, args, kwargs):
     def convert(a, name):
         if isinstance(a, Tensor):
             v = to_numpy(a, name, where)
-            if name == "mask" and v.dtype == np.bool_:  # SDPA's convention: True takes part
-                return np.where(v, np.float32(0.0), np.float32(-np.inf))
             originals[id(v)] = a
             views.append(v)
             return v

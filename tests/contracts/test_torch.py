@@ -232,16 +232,16 @@ def test_refused_option_tensor(rng):
         pn.gelu.tanh(torch.zeros(4, dtype=torch.float8_e4m3fn))
 
 
-def test_bool_mask_follows_sdpa(dtype, rng):
-    """A bool mask tensor: True takes part (torch's SDPA), i.e. the additive mask 0 / -inf."""
+def test_bool_mask_is_judged_as_its_numpy_view(dtype, rng):
+    """A bool mask tensor gets exactly the error a NumPy bool mask gets: one rule for both paths."""
     q, k, v = make((2, 4, 9, 64), dtype, rng), make((2, 2, 33, 64), dtype, rng), make((2, 2, 33, 64), dtype, rng)
     keep = rng.random((2, 1, 9, 33)) < 0.7
-    keep[..., 0] = True
-    additive = np.where(keep, 0.0, -np.inf).astype(np.float32)
     for fn in (pn.attention.standard, pn.attention.online, pn.attention.flash):
-        want = fn(q, k, v, mask=additive)
-        got = fn(tt(q), tt(k), tt(v), mask=torch.from_numpy(keep))
-        assert bits(got) == bits(want)
+        with pytest.raises(pn.DTypeError) as numpy_error:
+            fn(q, k, v, mask=keep)
+        with pytest.raises(pn.DTypeError) as torch_error:
+            fn(tt(q), tt(k), tt(v), mask=torch.from_numpy(keep))
+        assert str(torch_error.value) == str(numpy_error.value)
 
 
 def test_kv_len_int32_and_int64(rng):
