@@ -267,6 +267,12 @@ def _buffers(where, rows, width, dtype, has_mask, prof, hint):
     return bufs
 
 
+def _ub_bytes_per_elem(dtype, has_mask):
+    """UB bytes per tile element: input, fp32 work, fp32 mask, output (bf16/fp16 only)."""
+    b = dtypes.itemsize(dtype)
+    return b + 4 + (4 if has_mask else 0) + (b if dtype != "fp32" else 0)
+
+
 def _ops(dtype, has_mask, scale):
     half = int(dtype != "fp32")
     return half + int(scale is not None) + int(bool(has_mask)), half
@@ -341,6 +347,9 @@ def plan_online(shape, dtype="fp32", *, has_mask=False, scale=None, profile=None
         raise TileError(f"{where}: column tile w_ub [1, {width}] fp32 needs {width * 4} B, over the "
                         f"{limit} B reduction tile limit of {prof.name}; {hint}")
     rows = max(1, min(row_tile, n_rows, limit // (width * 4)))
+    per_row = width * _ub_bytes_per_elem(dtype, has_mask)
+    while rows > 1 and rows * per_row + 8 * align_elems(rows, "fp32", prof) > prof.ub_bytes:
+        rows -= 1  # leave UB room for the m and l state
     bufs = _buffers(where, rows, width, dtype, has_mask, prof, hint)
     state = align_elems(rows, "fp32", prof)
     bufs += [Buffer("m_ub", "UB", (state,), "fp32"), Buffer("l_ub", "UB", (state,), "fp32")]
