@@ -301,7 +301,7 @@ def plan_whole_row(shape, dtype="fp32", *, has_mask=False, scale=None, profile=N
     limit = prof.reduce_tile_max_bytes
     if width * 4 > limit:
         raise TileError(
-            f"{where}: the row's fp32 reduction tile w_ub [1, {width}] needs {width * 4} B, over the "
+            f"{where}: the row's fp32 reduction tile w_ub [1, {width}] = {width * 4} B exceeds the "
             f"{limit} B reduction tile limit of {prof.name} (rows of at most {limit // 4} elements "
             f"fit); use softmax.online, which tiles the row")
     rows = max(1, min(row_tile, n_rows, limit // (width * 4)))
@@ -344,7 +344,7 @@ def plan_online(shape, dtype="fp32", *, has_mask=False, scale=None, profile=None
     hint = f"use col_tile <= {limit // 4} (fp32 elements per reduction tile), a multiple of {block}"
     width = min(col_tile, align_elems(align_elems(length, dtype, prof), "fp32", prof))
     if width * 4 > limit:
-        raise TileError(f"{where}: column tile w_ub [1, {width}] fp32 needs {width * 4} B, over the "
+        raise TileError(f"{where}: column tile w_ub [1, {width}] fp32 = {width * 4} B exceeds the "
                         f"{limit} B reduction tile limit of {prof.name}; {hint}")
     rows = max(1, min(row_tile, n_rows, limit // (width * 4)))
     per_row = width * _ub_bytes_per_elem(dtype, has_mask)

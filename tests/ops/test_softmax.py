@@ -68,7 +68,7 @@ def test_online_row_longer_than_ub(dtype, rng):
     x = make((3, LONG), dtype, rng, scale=4.0)
     check(softmax.online, x, dtype)
     assert softmax.plan_online(x.shape, dtype).params["n_tiles"] == -(-LONG // COL)
-    with pytest.raises(TileError, match=r"w_ub \[1, \d+\] needs \d+ B, over the 65536 B .*use softmax.online"):
+    with pytest.raises(TileError, match=r"w_ub \[1, \d+\] = \d+ B exceeds the 65536 B .*use softmax.online"):
         softmax.whole_row(x)
 
 
