@@ -22,7 +22,8 @@ Strategies (n = R*L, b = itemsize of the storage dtype, k = 1 with a mask else 0
 
 - ``whole_row`` is the seed's ``amax -> sub -> exp -> sum -> div`` with the row in one UB tile: a
   task takes ``r`` rows (``row_tile``, default ``softmax_row_tile``, clamped so that the fp32
-  ``[r, L]`` tile stays within the 64 KiB reduction limit, npu-facts 4.2). Its plan refuses a row
+  ``[r, L]`` tile stays within the 64 KiB reduction limit, npu-facts 4.2, and so that every vector
+  core gets a task when there are few rows). Its plan refuses a row
   whose fp32 tile exceeds that limit or whose buffers exceed UB (TileError: use softmax.online).
 - ``online`` walks each row in column tiles of ``col_tile`` elements (``softmax_col_tile``). Pass 1
   keeps the running max ``m`` and running sum ``l`` in UB: per tile ``m' = max(m, max(v))``,
@@ -257,6 +258,12 @@ def _common(where, shape, dtype, prof, row_tile, has_mask, scale):
     return dtype, shape, row_tile
 
 
+def _rows_per_task(row_tile, n_rows, fit, prof):
+    """``row_tile`` rows, at most ``fit`` (the reduction tile), and few enough that every vector
+    core gets a task when there are fewer rows than ``row_tile x vector_cores``."""
+    return max(1, min(row_tile, fit, -(-n_rows // prof.vector_cores)))
+
+
 def _buffers(where, rows, width, dtype, has_mask, prof, hint):
     bufs = [vector_tile("x_ub", (rows, width), dtype, prof, where, hint),
             vector_tile("w_ub", (rows, width), "fp32", prof, where, hint)]
@@ -304,7 +311,7 @@ def plan_whole_row(shape, dtype="fp32", *, has_mask=False, scale=None, profile=N
             f"{where}: the row's fp32 reduction tile w_ub [1, {width}] = {width * 4} B exceeds the "
             f"{limit} B reduction tile limit of {prof.name} (rows of at most {limit // 4} elements "
             f"fit); use softmax.online, which tiles the row")
-    rows = max(1, min(row_tile, n_rows, limit // (width * 4)))
+    rows = _rows_per_task(row_tile, n_rows, limit // (width * 4), prof)
     hint = "the whole row must fit one UB tile; use softmax.online, which tiles the row"
     pre, cast_out = _ops(dtype, has_mask, scale)
     ops = pre + WHOLE_ROW_OPS + cast_out
@@ -346,7 +353,7 @@ def plan_online(shape, dtype="fp32", *, has_mask=False, scale=None, profile=None
     if width * 4 > limit:
         raise TileError(f"{where}: column tile w_ub [1, {width}] fp32 = {width * 4} B exceeds the "
                         f"{limit} B reduction tile limit of {prof.name}; {hint}")
-    rows = max(1, min(row_tile, n_rows, limit // (width * 4)))
+    rows = _rows_per_task(row_tile, n_rows, limit // (width * 4), prof)
     per_row = width * _ub_bytes_per_elem(dtype, has_mask)
     while rows > 1 and rows * per_row + 8 * align_elems(rows, "fp32", prof) > prof.ub_bytes:
         rows -= 1  # leave UB room for the m and l state
@@ -491,17 +498,14 @@ def _reference_softmax(x, mask=None, scale=None):
 def _softmax(profile, shape=(32, 4096), dtype="bf16", masked=False):
     from .lab import Candidate
 
-    cands = []
-    notes = []
-    try:
-        plan_whole_row(shape, dtype, has_mask=masked, profile=profile)
-        cands.append(Candidate("whole_row", lambda: (plan_whole_row(shape, dtype, has_mask=masked,
-                                                                     profile=profile),)))
-    except TileError as e:
-        notes.append(f"whole_row ruled out: {e}")
-    cands.append(Candidate("online", lambda: (plan_online(shape, dtype, has_mask=masked, profile=profile),)))
-    seed = "whole_row" if len(cands) == 2 else "online"
-    return cands, seed, notes
+    whole = Candidate("whole_row", lambda: (plan_whole_row(shape, dtype, has_mask=masked, profile=profile),))
+    online_ = Candidate("online", lambda: (plan_online(shape, dtype, has_mask=masked, profile=profile),))
+    try:  # the rule chosen here (the seed has none): whole_row when the row fits its tile
+        whole.plans()
+        seed = "whole_row"
+    except TileError:
+        seed = "online"
+    return [whole, online_], seed, ()
 
 
 def _lab_spec():
