@@ -9,11 +9,12 @@ result in x's dtype)::
 
 All math is fp32, with one rounding to the storage dtype at the end. A fully masked row (every
 ``v[j] = -inf``, so m = -inf) returns zeros, never NaN (the formula alone gives -inf - -inf = NaN).
-NaN in x or the mask makes its row NaN, as torch.softmax.
+NaN in x or the mask makes its row NaN, as torch.softmax (the max skips NaN, so a row of only NaN
+and -inf has m = -inf and returns zeros).
 
 Shapes: x is viewed as ``[R, L]`` with ``R = prod(x.shape[:-1])``. The mask is read as ``[Rm, L]``
-rows (its leading dims broadcast onto x's, a last dim of 1 is expanded to L): each x row reads its
-mask row.
+rows (its leading dims broadcast onto x's; a last dim of 1, or a non-contiguous mask, is first
+copied to contiguous ``[Rm, L]``, counted as workspace): each x row reads its mask row.
 
 Strategies (n = R*L, b = itemsize of the storage dtype, k = 1 with a mask else 0)::
 
@@ -23,8 +24,8 @@ Strategies (n = R*L, b = itemsize of the storage dtype, k = 1 with a mask else 0
 - ``whole_row`` is the seed's ``amax -> sub -> exp -> sum -> div`` with the row in one UB tile: a
   task takes ``r`` rows (``row_tile``, default ``softmax_row_tile``, clamped so that the fp32
   ``[r, L]`` tile stays within the 64 KiB reduction limit, npu-facts 4.2, and so that every vector
-  core gets a task when there are few rows). Its plan refuses a row
-  whose fp32 tile exceeds that limit or whose buffers exceed UB (TileError: use softmax.online).
+  core gets a task when there are few rows). Its plan refuses a row whose fp32 tile exceeds that
+  limit or whose buffers exceed UB (TileError: use softmax.online).
 - ``online`` walks each row in column tiles of ``col_tile`` elements (``softmax_col_tile``). Pass 1
   keeps the running max ``m`` and running sum ``l`` in UB: per tile ``m' = max(m, max(v))``,
   ``l = l*exp(m - m') + sum(exp(v - m'))`` (the rescale when the max grows, as the NPU's online
