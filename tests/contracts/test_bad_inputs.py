@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import pypto_numba as pn
-from pypto_numba import attention, embedding, gelu, linear, mean, moe, reference, repeat_kv, rmsnorm, rope
+from pypto_numba import attention, embedding, gelu, linear, mean, moe, reference, repeat_kv, rmsnorm, rope, softmax
 from pypto_numba.errors import ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
 from pypto_numba.machine.profile import ProfileError
 
@@ -276,6 +276,55 @@ check("mean.sum_div-fp32-sum-overflow-documented",
       lambda y: np.testing.assert_array_equal(y.astype(np.float32), [np.inf]))  # fp32 sum (README)
 equal("mean.sum_div-x-1d", lambda: mean.sum_div(X[0]), lambda: mean.sum_div(X[:1])[0:1].reshape(()))
 raises("mean.sum_div-plan-dtype", lambda: mean.plan_sum_div((4, 4), "float64"), DTypeError, r"dtype 'float64' is not a storage dtype")
+
+# ---------------------------------------------------------------------------------------------
+# softmax
+
+_SNAN = _normal((4, 37))
+_SNAN[0, 3] = np.nan  # NaN row -> NaN (as torch)
+_SNAN[1, 5] = np.inf  # inf - inf -> NaN row
+_SNAN[2, 7] = -np.inf  # exp(-inf) = 0
+_SMASK = _normal((4, 37))
+_SMASK[1] = -np.inf  # fully masked row -> zeros
+_SLONG = _normal((2, 3000))
+for _v, _fn in (("whole_row", softmax.whole_row), ("online", softmax.online)):
+    _p = f"softmax.{_v}"
+    _tensor_cases(_p, "x", X, lambda a, f=_fn: f(a), rank_bad=np.float32(1.0), huge_shape=(2**16, 2**15 + 1))
+    equal(f"{_p}-x-bf16-strided", lambda f=_fn: f(_strided(XB)), lambda f=_fn: f(XB))
+    close(f"{_p}-x-nan-inf", lambda f=_fn: f(_SNAN), lambda: reference.softmax(_SNAN), rtol=1e-5, atol=1e-7)
+    equal(f"{_p}-x-1d", lambda f=_fn: f(X[0]), lambda f=_fn: f(X[:1])[0])
+    close(f"{_p}-mask-fully-masked", lambda f=_fn: f(X, mask=_SMASK), lambda: reference.softmax(X, _SMASK),
+          rtol=1e-5, atol=0.0)
+    equal(f"{_p}-mask-strided", lambda f=_fn: f(X, mask=_strided(_SMASK)), lambda f=_fn: f(X, mask=_SMASK))
+    equal(f"{_p}-mask-broadcast-row", lambda f=_fn: f(X, mask=_SMASK[2]),
+          lambda f=_fn: f(X, mask=np.ascontiguousarray(np.broadcast_to(_SMASK[2], X.shape))))
+    raises(f"{_p}-mask-float64", lambda f=_fn: f(X, mask=_SMASK.astype(np.float64)), DTypeError,
+           r"mask has dtype float64; it must be float32")
+    raises(f"{_p}-mask-bf16", lambda f=_fn: f(X, mask=_SMASK.astype(BF16)), DTypeError, r"mask has dtype bfloat16")
+    raises(f"{_p}-mask-list", lambda f=_fn: f(X, mask=_SMASK.tolist()), DTypeError, r"mask must be a numpy float32 array")
+    raises(f"{_p}-mask-masked", lambda f=_fn: f(X, mask=np.ma.masked_less(_SMASK, 0)), DTypeError,
+           r"mask must be a numpy float32 array")
+    raises(f"{_p}-mask-shape", lambda f=_fn: f(X, mask=_SMASK[:, :36]), ShapeError,
+           r"mask shape \(4, 36\) does not broadcast to x's shape \(4, 37\)")
+    raises(f"{_p}-mask-rank", lambda f=_fn: f(X, mask=_SMASK[None]), ShapeError, r"mask shape \(1, 4, 37\) does not broadcast")
+    for _label, _bad in (("str", "2"), ("bool", True), ("nan", float("nan")), ("inf", np.inf), ("array", np.ones(2))):
+        raises(f"{_p}-scale-{_label}", lambda f=_fn, b=_bad: f(X, scale=b), ConstraintError,
+               r"scale must be a finite float or None")
+    _profile_cases(_p, lambda f=_fn, **kw: f(X, **kw))
+    _tile_cases(_p, "row_tile", lambda f=_fn, **kw: f(X, **kw), huge=False)
+    close(f"{_p}-row_tile-huge", lambda f=_fn: f(X, row_tile=2**62), lambda: reference.softmax(X), rtol=1e-5, atol=1e-7)
+    raises(f"{_p}-plan-dtype", lambda v=_v: getattr(softmax, f"plan_{v}")((4, 37), "float64"), DTypeError,
+           r"dtype must be one of fp32, bf16, fp16")
+    raises(f"{_p}-plan-zero", lambda v=_v: getattr(softmax, f"plan_{v}")((0, 37)), ShapeError, r"zero-size dim")
+    raises(f"{_p}-plan-has_mask", lambda v=_v: getattr(softmax, f"plan_{v}")((4, 37), has_mask="yes"), ConstraintError,
+           r"has_mask must be a bool")
+raises("softmax.whole_row-row-too-long", lambda: softmax.whole_row(_normal((2, 20000))), TileError,
+       r"w_ub \[1, 20000\] = 80000 B exceeds the 65536 B reduction tile limit .*use softmax.online")
+_tile_cases("softmax.online", "col_tile", lambda **kw: softmax.online(_SLONG, **kw), unaligned=100, huge=False)
+raises("softmax.online-col_tile-too-big", lambda: softmax.online(_normal((2, 40000)), col_tile=32768), TileError,
+       r"column tile w_ub \[1, 32768\] fp32 = 131072 B exceeds the 65536 B reduction tile limit")
+close("softmax.online-col_tile-huge", lambda: softmax.online(_SLONG, col_tile=2**62), lambda: reference.softmax(_SLONG),
+      rtol=1e-5, atol=1e-7)
 
 # ---------------------------------------------------------------------------------------------
 # rope
@@ -733,7 +782,7 @@ raises("PYPTO_NUMBA_PROFILE-unknown", lambda: _env_profile("nope"), ProfileError
 # ---------------------------------------------------------------------------------------------
 # compare / advise
 
-raises("compare-op-unknown", lambda: pn.compare("softmax"), PyptoNumbaError, r"compare: unknown op 'softmax'")
+raises("compare-op-unknown", lambda: pn.compare("conv2d"), PyptoNumbaError, r"compare: unknown op 'conv2d'")
 raises("compare-strategy-unknown", lambda: pn.compare("gelu", X, strategies=["exact"]), PyptoNumbaError,
        r"gelu has no strategy \['exact'\]")
 raises("compare-x-float64", lambda: pn.compare("gelu", X.astype(np.float64)), DTypeError, r"x has dtype float64")
@@ -747,7 +796,7 @@ check("compare-bad-tile-ruled-out", lambda: pn.compare("gelu", X, tile=33, repea
 check("compare-nan-input", lambda: pn.compare("gelu", _SPECIAL, repeats=1),
       lambda c: expect([r.verdict for r in c.rows] == ["PASS", "PASS"], c.to_table()))
 raises("compare-profile-unknown", lambda: pn.compare("gelu", X, profile="nope"), ProfileError, r"unknown hardware profile 'nope'")
-raises("advise-op-unknown", lambda: pn.advise("softmax"), PyptoNumbaError, r"advise: unknown op 'softmax'")
+raises("advise-op-unknown", lambda: pn.advise("conv2d"), PyptoNumbaError, r"advise: unknown op 'conv2d'")
 raises("advise-keyword-unknown", lambda: pn.advise("gelu", size=3), PyptoNumbaError, r"scenario keywords are shape, dtype, exact")
 raises("advise-gelu-dtype", lambda: pn.advise("gelu", dtype="float64"), DTypeError, r"dtype 'float64'")
 raises("advise-gelu-zero", lambda: pn.advise("gelu", shape=(0, 8)), ShapeError, r"zero-size")

@@ -22,8 +22,8 @@ def test_registry_lists_ops_with_seed_recommendation():
     assert tanh.fn is pn.gelu.tanh and tanh.plan is pn.gelu.plan_tanh
     assert tanh.qualname == "gelu.tanh" and pn.gelu.tanh.strategy is tanh
     assert SEED["attention"][0] == "online"
-    with pytest.raises(pn.PyptoNumbaError, match="unknown op 'softmax'; known ops: gelu"):
-        pn.strategies("softmax")
+    with pytest.raises(pn.PyptoNumbaError, match="unknown op 'conv2d'; known ops: gelu"):
+        pn.strategies("conv2d")
 
 
 def test_trace_records_calls_costs_and_nests(rng):
@@ -113,7 +113,7 @@ def test_cli_profiles_and_compare_json():
 def test_cli_errors_are_clear():
     out = _cli("compare", "gelu", "--shape", "4,x")
     assert out.returncode == 2 and "--shape must be comma-separated integers" in out.stderr
-    out = _cli("compare", "softmax")
-    assert out.returncode == 2 and "unknown op 'softmax'" in out.stderr
+    out = _cli("compare", "conv2d")
+    assert out.returncode == 2 and "unknown op 'conv2d'" in out.stderr
     out = _cli("compare", "gelu", "--profile", "a9")
     assert out.returncode == 2 and "unknown hardware profile 'a9'" in out.stderr
