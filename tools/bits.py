@@ -115,6 +115,31 @@ def cases():
         name = f"rope.cos_sin/{dt}"
         yield name, (lambda dt=dt: pn.rope.cos_sin(np.arange(1000) * 7, 96, theta=1e6, dtype=DTYPES[dt]))
 
+        # rmsnorm: weight in x's dtype or fp32, Gemma's offset, residual in x's dtype or fp32
+        for (T, D) in ((1, 2048), (37, 96), (5, 4099)):
+            for wdt in (dt, "fp32"):
+                name = f"rmsnorm.plain/{dt}/{T},{D}/w-{wdt}"
+                def norm_plain(name=name, T=T, D=D, wdt=wdt, dt=dt):
+                    rng = _rng(name)
+                    return pn.rmsnorm.plain(_make(rng, (T, D), dt, 2.0), _make(rng, (D,), wdt), offset=1.0)
+                yield name, norm_plain
+                name = f"rmsnorm.fused_add/{dt}/{T},{D}/r-{wdt}"
+                def norm_add(name=name, T=T, D=D, wdt=wdt, dt=dt):
+                    rng = _rng(name)
+                    return pn.rmsnorm.fused_add(_make(rng, (T, D), dt), _make(rng, (T, D), wdt, 3.0), _make(rng, (D,), dt))
+                yield name, norm_add
+
+        # softmax: short and long rows, masks with -inf (a fully masked row), scale, column tiles
+        for (R, C) in ((3, 1), (7, 1000), (2, 40000)):
+            for fn, extra in (("whole_row", {}), ("online", {}), ("online", {"col_tile": 512})):
+                name = f"softmax.{fn}/{dt}/{R},{C}/{sorted(extra.items())}"
+                def soft(name=name, R=R, C=C, fn=fn, extra=extra, dt=dt):
+                    rng = _rng(name)
+                    mask = np.where(rng.random((R, C)) < 0.2, -np.inf, 0.0).astype(np.float32)
+                    mask[0] = -np.inf
+                    return getattr(pn.softmax, fn)(_make(rng, (R, C), dt, 4.0), mask=mask, scale=0.7, **extra)
+                yield name, soft
+
         # attention: prefill and decode, GQA and MHA, causal, kv_len, mask, every option
         att = (
             ("prefill-gqa", (2, 4, 37, 64), (2, 2, 53, 64), dict(causal=True)),
