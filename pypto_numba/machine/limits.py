@@ -6,8 +6,8 @@ plan has already refused anything over a limit):
 - :func:`plan_hints` -> :class:`Hint` records:
   ``PH001``: a kernel tiles an innermost dim under 512 B; the 910B backend's GM access granularity
   and L2 line are 512 B and the compiler emits ``[perf_hint PH001] TileInnermostDimGranularity``
-  (npu-facts 8.1). One hint per kernel, naming its narrow buffers, not one per buffer: bf16
-  D = 128 rows (256 B) are in most attention kernels.
+  (npu-facts 8.1). One hint per plan, naming the narrow buffers (kernel.buffer), not one per
+  buffer: bf16 D = 128 rows (256 B) are in most attention kernels.
   ``MARGINAL``: a kernel's space (UB against the safe Vec limit, L1, L0A, L0B, L0C) is within
   ``MARGIN`` of its limit, where a slightly larger tile or another live buffer would be refused.
 - :func:`memory_report` -> :class:`MemoryReport`: per kernel and space, used / limit / usage,
@@ -26,13 +26,13 @@ _LOADED_LEVELS = ("UB", "L1")  # tiles that tile.load fills from GM
 
 @dataclasses.dataclass(frozen=True)
 class Hint:
-    """One hint of a plan: ``code`` (``PH001`` or ``MARGINAL``), the kernel, the buffer(s) or
-    space it is about, and a message for people."""
+    """One hint of a plan: ``code`` (``PH001`` or ``MARGINAL``), a message for people, the
+    kernel(s) (comma-separated for PH001) and the buffer(s) or space it is about."""
 
     code: str
     message: str
     kernel: str
-    buffer: str  # PH001: the narrow buffers' names, comma-separated; MARGINAL: the space (UB, L1, ...)
+    buffer: str  # PH001: the narrow buffers as kernel.buffer, comma-separated; MARGINAL: the space (UB, L1, ...)
 
     def __str__(self):
         return f"[{self.code}] {self.message}"
@@ -90,17 +90,18 @@ def plan_hints(plan) -> tuple:
     from .plan import ITEMSIZE
 
     hints = []
+    narrow = [(k.name, b) for k in plan.kernels for b in k.buffers
+              if b.level in _LOADED_LEVELS and b.shape and b.shape[-1] * ITEMSIZE[b.dtype] < GRANULE_BYTES]
+    if narrow:  # one hint per plan: most bf16 D = 128 rows are 256 B, a hint per buffer would be noise
+        shown = ", ".join(f"{k}.{b.name} ({b.shape[-1] * ITEMSIZE[b.dtype]} B)" for k, b in narrow[:3])
+        more = f" and {len(narrow) - 3} more" if len(narrow) > 3 else ""
+        kernels = ",".join(dict.fromkeys(k for k, _ in narrow))
+        hints.append(Hint(
+            "PH001",
+            f"innermost tile dim under {GRANULE_BYTES} B (the 910B GM access granularity, npu-facts 8.1): "
+            f"{shown}{more}; widen the last tile dim where the data allows",
+            kernels, ",".join(f"{k}.{b.name}" for k, b in narrow)))
     for kernel in plan.kernels:
-        narrow = [b for b in kernel.buffers if b.level in _LOADED_LEVELS
-                  and b.shape and b.shape[-1] * ITEMSIZE[b.dtype] < GRANULE_BYTES]
-        if narrow:
-            shown = ", ".join(f"{b.name} ({b.shape[-1] * ITEMSIZE[b.dtype]} B)" for b in narrow[:3])
-            more = f" and {len(narrow) - 3} more" if len(narrow) > 3 else ""
-            hints.append(Hint(
-                "PH001",
-                f"{plan.where} kernel {kernel.name!r}: innermost tile dim under {GRANULE_BYTES} B "
-                f"(GM granularity, npu-facts 8.1): {shown}{more}; widen the last tile dim where the data allows",
-                kernel.name, ",".join(b.name for b in narrow)))
         for level in MARGIN_LEVELS:
             used = kernel.level_bytes(level)
             limit = plan.profile.limit(level)
@@ -108,7 +109,7 @@ def plan_hints(plan) -> tuple:
                 what = "the compiler-safe Vec limit" if level == "UB" else "its capacity"
                 hints.append(Hint(
                     "MARGINAL",
-                    f"{plan.where} kernel {kernel.name!r}: {level} {used} B is {100.0 * used / limit:.1f}% of "
+                    f"kernel {kernel.name!r}: {level} {used} B is {100.0 * used / limit:.1f}% of "
                     f"{what} {limit} B on {plan.profile.name}; a larger tile or one more live buffer is refused",
                     kernel.name, level))
     return tuple(hints)
