@@ -115,3 +115,14 @@ def test_cli_compare_prints_hints(capsys):
                      "--repeats", "1", "--strategy", "online"]) == 0
     out = capsys.readouterr().out
     assert "hints:" in out and "attention.online: [PH001]" in out
+
+
+def test_auto_fitted_tiles_respect_the_safe_limit():
+    # these picked tiles against the physical 192 KB and were then refused by the 184 KB limit
+    from pypto_numba import linear
+    from pypto_numba.rope import plan_standard
+
+    p = plan_standard((4, 128, 45, 128), (128, 128), "fp32")  # default token_tile 8 does not fit: shrunk
+    assert p.cost.ub_peak_bytes <= SAFE < p.cost.ub_peak_bytes * (p.params["token_tile"] + 1) / p.params["token_tile"]
+    q = linear.plan_matmul_add((256, 1024), (128, 1024), "bf16", cube_tiles=((128, 256), (64, 256), (128, 128)))
+    assert q.cost.ub_peak_bytes <= SAFE and q.params["bias_rows"] == 176
