@@ -30,7 +30,7 @@ def _profiles(args) -> int:
         p = load_profile(name)
         mark = " (active)" if name == active else (" (default)" if name == DEFAULT_PROFILE else "")
         print(f"{name}{mark}: {p.description}")
-        print(f"    UB {p.ub_bytes // 1024} KiB, L1 {p.l1_bytes // 1024} KiB, L0A/L0B {p.l0a_bytes // 1024}/"
+        print(f"    UB {p.ub_bytes // 1024} KiB (Vec safe {p.vec_safe_bytes // 1024} KiB), L1 {p.l1_bytes // 1024} KiB, L0A/L0B {p.l0a_bytes // 1024}/"
               f"{p.l0b_bytes // 1024} KiB, L0C {p.l0c_bytes // 1024} KiB, BT {p.bt_bytes} B, "
               f"align {p.align_bytes} B; {p.cube_cores} cube + {p.vector_cores} vector cores at "
               f"{p.clock_hz / 1e9:.2f} GHz; GM {p.gm_bytes_per_s / 1e12:.2f} TB/s")
