@@ -100,7 +100,7 @@ def _decide(
     chosen = ties[0]
     cand, cost, seconds, bound = chosen
     reasons = [
-        f"fits {prof.name}: UB peak {cost.ub_peak_bytes} B of {prof.ub_bytes} B, L1 peak "
+        f"fits {prof.name}: UB peak {cost.ub_peak_bytes} B of the {prof.vec_safe_bytes} B Vec limit, L1 peak "
         f"{cost.l1_peak_bytes} B, L0C peak {cost.l0c_peak_bytes} B",
         f"estimated NPU time {seconds * 1e6:.1f} us ({bound}-bound): {cost.kernels} kernel(s), "
         f"GM {cost.gm_read_bytes} B read + {cost.gm_write_bytes} B written, workspace {cost.workspace_bytes} B",

@@ -1,12 +1,15 @@
-"""The ``pypto-numba`` command line: ``profiles``, ``compare``, ``advise``, ``report``.
+"""The ``pypto-numba`` command line: ``profiles``, ``compare``, ``advise``, ``plan``, ``report``.
 
 ``pypto-numba compare`` with no op runs every op's default scenario and prints one table per op:
-the main job. ``pypto-numba compare gelu --shape 8,11008 --dtype bf16`` compares one op.
+the main job, followed by the hints of each strategy's plans. ``pypto-numba compare gelu --shape
+8,11008 --dtype bf16`` compares one op. ``pypto-numba plan gelu --shape 8,11008 --dtype bf16``
+prints each strategy's memory report and hints for an advise scenario, without running anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -27,11 +30,41 @@ def _profiles(args) -> int:
         p = load_profile(name)
         mark = " (active)" if name == active else (" (default)" if name == DEFAULT_PROFILE else "")
         print(f"{name}{mark}: {p.description}")
-        print(f"    UB {p.ub_bytes // 1024} KiB, L1 {p.l1_bytes // 1024} KiB, L0A/L0B {p.l0a_bytes // 1024}/"
+        print(f"    UB {p.ub_bytes // 1024} KiB (Vec safe {p.vec_safe_bytes // 1024} KiB), L1 {p.l1_bytes // 1024} KiB, L0A/L0B {p.l0a_bytes // 1024}/"
               f"{p.l0b_bytes // 1024} KiB, L0C {p.l0c_bytes // 1024} KiB, BT {p.bt_bytes} B, "
               f"align {p.align_bytes} B; {p.cube_cores} cube + {p.vector_cores} vector cores at "
               f"{p.clock_hz / 1e9:.2f} GHz; GM {p.gm_bytes_per_s / 1e12:.2f} TB/s")
     return 0
+
+
+@contextlib.contextmanager
+def _plans_launched():
+    """The plans every kernel launch used while active, in launch order, each once.
+
+    A trace Record does not carry its plan, so the CLI (only the CLI, only for this command)
+    wraps Launch.__init__ while compare runs.
+    """
+    from .strategy import Launch
+
+    seen, plans = set(), []
+    original = Launch.__init__
+
+    def init(self, plan, *args, **kwargs):
+        if id(plan) not in seen:
+            seen.add(id(plan))
+            plans.append(plan)
+        original(self, plan, *args, **kwargs)
+
+    Launch.__init__ = init
+    try:
+        yield plans
+    finally:
+        Launch.__init__ = original
+
+
+def _hint_lines(plans) -> list:
+    lines = [f"  {p.where}: {h}" for p in plans for h in p.hints]
+    return ["hints:"] + (lines or ["  (none)"])
 
 
 def _compare(args) -> int:
@@ -46,20 +79,22 @@ def _compare(args) -> int:
         options = {}
         if args.dim is not None:
             options["dim"] = args.dim
-        result = compare(
-            op,
-            *inputs,
-            strategies=args.strategy,
-            policy=args.policy,
-            repeats=args.repeats,
-            profile=args.profile,
-            **options,
-        )
+        with _plans_launched() as plans:
+            result = compare(
+                op,
+                *inputs,
+                strategies=args.strategy,
+                policy=args.policy,
+                repeats=args.repeats,
+                profile=args.profile,
+                **options,
+            )
         results.append(result)
         if args.format == "table":
-            print(result.to_table(), end="\n\n", flush=True)
+            print(result.to_table(), *_hint_lines(plans), sep="\n", end="\n\n", flush=True)
         elif args.format == "markdown":
-            print(result.to_markdown(), end="\n\n", flush=True)
+            print(result.to_markdown(), "", *(f"- {line.strip()}" for line in _hint_lines(plans)[1:]),
+                  sep="\n", end="\n\n", flush=True)
     if args.format == "json":
         print(json.dumps([r.to_dict() for r in results], indent=2, default=float))
     return 0
@@ -74,27 +109,70 @@ def _scenario_value(text: str):
         return text  # a bare word such as bf16 or sigmoid
 
 
-def _advise(args, extra) -> int:
-    from .advise import advise
-
+def _scenario(extra, who: str) -> dict:
+    """``--name value`` / ``--name=value`` pairs -> scenario keywords."""
     scenario = {}
     it = iter(extra)
     for flag in it:
         if not flag.startswith("--"):
-            raise PyptoNumbaError(f"advise: expected --name value, got {flag!r}")
+            raise PyptoNumbaError(f"{who}: expected --name value, got {flag!r}")
         key = flag[2:].replace("-", "_")
         if "=" in key:
             key, value = key.split("=", 1)
         else:
             value = next(it, None)
             if value is None:
-                raise PyptoNumbaError(f"advise: {flag} needs a value")
+                raise PyptoNumbaError(f"{who}: {flag} needs a value")
         scenario[key] = _scenario_value(value)
+    return scenario
+
+
+def _advise(args, extra) -> int:
+    from .advise import advise
+
+    scenario = _scenario(extra, "advise")
     result = advise(args.op, profile=args.profile, **scenario)
     if args.format == "json":
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         print(result)
+    return 0
+
+
+def _plan(args, extra) -> int:
+    from .errors import ConstraintError, TileError
+    from .strategy import spec
+
+    rule = spec(args.op, "plan")
+    scenario = _scenario(extra, "plan")
+    try:
+        cands = rule.advise(args.profile, **scenario)[0]
+    except TypeError as exc:
+        raise PyptoNumbaError(f"plan {args.op}: {exc}; scenario keywords are "
+                              f"{', '.join(rule.scenario_keywords)}") from None
+    out = []
+    for cand in cands:
+        try:
+            plans = tuple(cand.plans())
+        except (TileError, ConstraintError) as exc:
+            out.append({"strategy": cand.label, "refused": f"{type(exc).__name__}: {exc}"})
+            continue
+        out.append({"strategy": cand.label, "plans": plans})
+    if args.format == "json":
+        print(json.dumps([{"strategy": o["strategy"], "refused": o["refused"]} if "refused" in o else
+                          {"strategy": o["strategy"],
+                           "memory": [row for p in o["plans"] for row in p.memory_report().to_dicts()],
+                           "hints": [dict(vars(h)) for p in o["plans"] for h in p.hints]} for o in out],
+                         indent=2))
+        return 0
+    for o in out:
+        print(f"== {args.op} {o['strategy']}")
+        if "refused" in o:
+            print(f"REFUSED: {o['refused']}", end="\n\n")
+            continue
+        for p in o["plans"]:
+            print(p.memory_report())
+        print(*_hint_lines(o["plans"]), sep="\n", end="\n\n")
     return 0
 
 
@@ -142,6 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=_advise, takes_extra=True)
+
+    p = sub.add_parser(
+        "plan", help="memory report and hints of each strategy's plans for a scenario (nothing runs)",
+        description="Scenario keywords as for advise, e.g. plan gelu --shape 8,11008 --dtype bf16; "
+                    "plan attention --batch 1 --q-len 2048 --kv-len 2048 --head-dim 128. Per kernel: space, "
+                    "used, limit (UB: the compiler-safe Vec limit), usage; then PH001 / MARGINAL hints.")
+    p.add_argument("op")
+    p.add_argument("--profile", default=None)
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=_plan, takes_extra=True)
 
     p = sub.add_parser(
         "report", help="regenerate the strategy pages (strategies/*.md, charts) or check them",

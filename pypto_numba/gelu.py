@@ -253,7 +253,7 @@ def _plan(variant: str, shape, dtype: str, *, profile=None, tile=None, math="fp3
     temps = 5 if variant == "erf" else (2 if dtype == "fp32" else 4)
     per_elem = 2 * b + 4 * temps  # UB bytes per tile element: in + out + fp32 temps
     block = prof.align_bytes // b
-    hint = f"use tile <= {prof.ub_bytes // per_elem // block * block} (multiple of {block})"
+    hint = f"use tile <= {prof.vec_safe_bytes // per_elem // block * block} (multiple of {block})"
     buffers = [
         vector_tile("x_ub", (tile,), dtype, prof, where, hint),
         vector_tile("y_ub", (tile,), dtype, prof, where, hint),

@@ -147,7 +147,7 @@ def _plan(strategy, x_shape, weight_shape, dtype, bias, profile, cube_tiles) -> 
         # one task per cube block; the bias tile stays in UB for the task, and the block's rows
         # go through UB in sub-tiles of ``rows`` rows (product in, sum out, fp32 work for 16-bit)
         per_row = n1 * (2 * b + (4 if dtype != "fp32" else 0))
-        rows = max(1, min(m1, (prof.ub_bytes - n1 * b) // per_row))
+        rows = max(1, min(m1, (prof.vec_safe_bytes - n1 * b) // per_row))
         rows = rows // 8 * 8 if rows >= 8 else rows
         buffers = [
             vector_tile("prod_ub", (rows, n1), dtype, prof, where, hint),

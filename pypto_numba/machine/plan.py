@@ -9,9 +9,13 @@ data). Building it validates every buffer the way the NPU compiler would, and ra
 - reduction tiles <= ``reduce_tile_max_bytes`` (64 KiB) -- :func:`reduce_tile`;
 - cube tiles ``((mL0, mL1), (kL0, kL1), (nL0, nL1))`` with the L0A/L0B/L0C/L1/BT budget and
   alignment rules of npu-facts 4.3 -- :func:`cube_tiles`;
-- per kernel, the buffers of one level that are live together fit its capacity -- :class:`Plan`.
+- per kernel, the buffers of one level that are live together fit its limit -- :class:`Plan`;
+  for UB that is the compiler-safe Vec limit ``vec_safe_bytes`` (184 KB of the 192 KB on A2/A3,
+  npu-facts 8.1), elsewhere the capacity.
 
-The plan's :attr:`Plan.cost` is what the kernels must count when they run.
+The plan's :attr:`Plan.cost` is what the kernels must count when they run. :attr:`Plan.hints`
+(PH001, MARGINAL) and :meth:`Plan.memory_report` are data for the CLI and pages
+(machine/limits.py builds them); they never raise or warn.
 """
 
 from __future__ import annotations
@@ -129,14 +133,39 @@ class Plan:
         for kernel in self.kernels:
             for level in LEVELS:
                 used = kernel.level_bytes(level)
-                cap = self.profile.capacity(level)
+                cap = self.profile.limit(level)
                 if used > cap:
-                    parts = " + ".join(str(b) for b in kernel.buffers if b.level == level)
-                    raise TileError(
-                        f"{self.where}: kernel {kernel.name!r} needs {used} B of {level} "
-                        f"({parts}) but {self.profile.name} has {cap} B"
-                        + (f"; {self.hint}" if self.hint else "")
-                    )
+                    self._refuse(kernel, level, used, cap)
+
+    def _refuse(self, kernel, level, used, cap):
+        buffers = [b for b in kernel.buffers if b.level == level]
+        parts = " + ".join(str(b) for b in buffers)
+        largest = max(buffers, key=lambda b: b.nbytes)
+        if level == "UB":
+            limit = (f"{self.profile.name} allows {cap} B (the compiler-safe Vec limit, npu-facts 8.1; "
+                     f"physical UB {self.profile.ub_bytes} B)")
+        else:
+            limit = f"{self.profile.name} has {cap} B"
+        tiles = {k: v for k, v in self.params.items() if "tile" in k}
+        cause = f"largest buffer {largest.name!r} ({largest.nbytes} B)" + (f", tiles {tiles}" if tiles else "")
+        raise TileError(
+            f"{self.where}: kernel {kernel.name!r} needs {used} B of {level} ({parts}) but {limit}; "
+            f"{cause}; " + (self.hint or "use smaller tiles")
+        )
+
+    @functools.cached_property
+    def hints(self) -> tuple:
+        """Performance and capacity hints (:class:`~pypto_numba.machine.limits.Hint` records)."""
+        from .limits import plan_hints
+
+        return plan_hints(self)
+
+    def memory_report(self):
+        """Per kernel and space: used, limit, usage % (like the compiler's
+        ``memory_after_AllocateMemoryAddr.txt``, npu-facts 8.1)."""
+        from .limits import memory_report
+
+        return memory_report(self)
 
     @property
     def where(self) -> str:

@@ -68,7 +68,8 @@ class HardwareProfile:
     name: str
     description: str
     # buffers
-    ub_bytes: int
+    ub_bytes: int           # physical UB
+    vec_safe_bytes: int     # what the compiler lets Vec buffers use inside UB (npu-facts 8.1)
     l1_bytes: int
     l0a_bytes: int
     l0b_bytes: int
@@ -119,6 +120,11 @@ class HardwareProfile:
             "FB": self.fb_bytes,
         }[level]
 
+    def limit(self, level: str) -> int:
+        """What plans may use of ``level``: the capacity, except UB, where the compiler's safe Vec
+        limit ``vec_safe_bytes`` applies (npu-facts 8.1)."""
+        return self.vec_safe_bytes if level == "UB" else self.capacity(level)
+
 
 _FIELDS = {
     ("memory", "ub_bytes"): int,
@@ -128,6 +134,7 @@ _FIELDS = {
     ("memory", "l0c_bytes"): int,
     ("memory", "bt_bytes"): int,
     ("memory", "fb_bytes"): int,
+    ("memory", "vec_safe_bytes"): int,
     ("rules", "align_bytes"): int,
     ("rules", "max_tile_rank"): int,
     ("rules", "reduce_tile_max_bytes"): int,
@@ -196,6 +203,9 @@ def _build(name: str, data: dict) -> HardwareProfile:
         if kind is not tuple and value <= 0:
             raise ProfileError(f"profile {name!r}: [{section}] {key} = {raw!r} must be > 0")
         kwargs[_RENAME.get((section, key), key)] = value
+    if kwargs["vec_safe_bytes"] > kwargs["ub_bytes"]:
+        raise ProfileError(f"profile {name!r}: [memory] vec_safe_bytes = {kwargs['vec_safe_bytes']} exceeds "
+                           f"ub_bytes = {kwargs['ub_bytes']}")
     tiles = {}
     for key, value in data.get("tiles", {}).items():
         tiles[key] = _freeze(value)

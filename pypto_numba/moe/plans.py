@@ -56,12 +56,12 @@ def _plan_gating(variant, shape, dtype, *, top_k, n_group, topk_group, group_sco
     per_row = (align_elems(E, dtype, prof) * dtypes.itemsize(dtype) + e32 * 4 * (2 if select else 1)
                + (2 * g32 * 4 if grouped else 0) + 3 * k32 * 4)
     fixed = e32 * 4 if use_bias else 0
-    max_tile = (prof.ub_bytes - fixed) // per_row
+    max_tile = (prof.vec_safe_bytes - fixed) // per_row
     if reduces:
         max_tile = min(max_tile, prof.reduce_tile_max_bytes // (e32 * 4))
     if max_tile < 1:
         raise TileError(
-            f"{where}: E={E} experts do not fit {prof.name}'s UB ({prof.ub_bytes} B) even with "
+            f"{where}: E={E} experts do not fit {prof.name}'s compiler-safe Vec limit ({prof.vec_safe_bytes} B of UB) even with "
             f"token_tile=1 ({per_row + fixed} B per token)"
         )
     hint = f"use token_tile <= {max_tile}"
@@ -139,7 +139,7 @@ def plan_combine(shape, dtype="fp32", *, weights_dtype="fp32", profile=None, tok
     k32 = align_elems(K, "fp32", prof)
     per_h = tile * (K * b + 4 + b)  # expert tile + fp32 accumulator + output, per H element
     block = prof.align_bytes // b
-    room = (prof.ub_bytes - tile * k32 * 4) // per_h // block * block
+    room = (prof.vec_safe_bytes - tile * k32 * 4) // per_h // block * block
     hint = (f"use h_tile <= {room} (multiple of {block})" if room >= block
             else "use a smaller token_tile")
     buffers = (

@@ -122,7 +122,7 @@ def _max_token_tile(kind, H, D, R, dtype, prof):
     """Largest token tile whose buffers fit UB (and, with a norm, the 64 KiB reduction limit)."""
     one, two = (_nbytes(_buffers(kind, t, H, D, R, dtype, prof)) for t in (1, 2))
     per_token = two - one  # every buffer but the weight is linear in T
-    t_max = (prof.ub_bytes - (one - per_token)) // per_token
+    t_max = (prof.vec_safe_bytes - (one - per_token)) // per_token
     if kind in ("rmsnorm", "fused_rmsnorm"):  # sq_ub[T, H, D] fp32 is a reduction tile
         t_max = min(t_max, prof.reduce_tile_max_bytes // (H * align_elems(D, "fp32", prof) * 4))
     return max(0, t_max)
@@ -223,7 +223,7 @@ def plan_cos_sin(positions_shape, rot_dim, dtype="fp32", *, profile=None, token_
         specs += [("cosf_ub", (T, align_elems(R, "fp32", prof)), "fp32"),
                   ("sinf_ub", (T, align_elems(R, "fp32", prof)), "fp32")]
     per_token = _nbytes(specs) // T
-    hint = f"use token_tile <= {max(1, prof.ub_bytes // max(per_token, 1) - 1)}"
+    hint = f"use token_tile <= {max(1, prof.vec_safe_bytes // max(per_token, 1) - 1)}"
     bufs = [vector_tile(n, s, dt, prof, where, hint) for n, s, dt in specs]
     tasks = -(-P // T)
     b = dtypes.itemsize(name)

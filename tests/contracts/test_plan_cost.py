@@ -46,7 +46,7 @@ def test_reduce_tile_limit():
 
 def test_plan_rejects_overfull_ub_with_numbers_and_hint():
     big = Buffer("x_ub", "UB", (200 * 1024,), "uint8")
-    with pytest.raises(pn.TileError, match=r"needs 204800 B of UB .* ascend910b has 196608 B; try smaller"):
+    with pytest.raises(pn.TileError, match=r"needs 204800 B of UB .* ascend910b allows 188416 B .*physical UB 196608 B.*; try smaller"):
         Plan("op", "s", "fp32", A2, [KernelPlan("k", "vector", 1, (big,))], hint="try smaller")
     # the same buffer fits the 950's 248 KiB UB
     assert Plan("op", "s", "fp32", A950, [KernelPlan("k", "vector", 1, (big,))]).cost.ub_peak_bytes == 204800
