@@ -9,7 +9,6 @@ prints each strategy's memory report and hints for an advise scenario, without r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 
@@ -37,34 +36,14 @@ def _profiles(args) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _plans_launched():
-    """The plans every kernel launch used while active, in launch order, each once.
-
-    A trace Record does not carry its plan, so the CLI (only the CLI, only for this command)
-    wraps Launch.__init__ while compare runs.
-    """
-    from .strategy import Launch
-
-    seen, plans = set(), []
-    original = Launch.__init__
-
-    def init(self, plan, *args, **kwargs):
-        if id(plan) not in seen:
-            seen.add(id(plan))
-            plans.append(plan)
-        original(self, plan, *args, **kwargs)
-
-    Launch.__init__ = init
-    try:
-        yield plans
-    finally:
-        Launch.__init__ = original
-
-
-def _hint_lines(plans) -> list:
-    lines = [f"  {p.where}: {h}" for p in plans for h in p.hints]
+def _hint_lines(pairs) -> list:
+    """``hints:`` and one line per (label, hint); ``(none)`` when there are none."""
+    lines = [f"  {label}: {h}" for label, h in pairs]
     return ["hints:"] + (lines or ["  (none)"])
+
+
+def _row_hints(result) -> list:
+    return [(f"{row.strategy}: {where}", h) for row in result.rows for where, h in row.hints]
 
 
 def _compare(args) -> int:
@@ -79,21 +58,20 @@ def _compare(args) -> int:
         options = {}
         if args.dim is not None:
             options["dim"] = args.dim
-        with _plans_launched() as plans:
-            result = compare(
-                op,
-                *inputs,
-                strategies=args.strategy,
-                policy=args.policy,
-                repeats=args.repeats,
-                profile=args.profile,
-                **options,
-            )
+        result = compare(
+            op,
+            *inputs,
+            strategies=args.strategy,
+            policy=args.policy,
+            repeats=args.repeats,
+            profile=args.profile,
+            **options,
+        )
         results.append(result)
         if args.format == "table":
-            print(result.to_table(), *_hint_lines(plans), sep="\n", end="\n\n", flush=True)
+            print(result.to_table(), *_hint_lines(_row_hints(result)), sep="\n", end="\n\n", flush=True)
         elif args.format == "markdown":
-            print(result.to_markdown(), "", *(f"- {line.strip()}" for line in _hint_lines(plans)[1:]),
+            print(result.to_markdown(), "", *(f"- {line.strip()}" for line in _hint_lines(_row_hints(result))[1:]),
                   sep="\n", end="\n\n", flush=True)
     if args.format == "json":
         print(json.dumps([r.to_dict() for r in results], indent=2, default=float))
@@ -172,7 +150,7 @@ def _plan(args, extra) -> int:
             continue
         for p in o["plans"]:
             print(p.memory_report())
-        print(*_hint_lines(o["plans"]), sep="\n", end="\n\n")
+        print(*_hint_lines([(p.where, h) for p in o["plans"] for h in p.hints]), sep="\n", end="\n\n")
     return 0
 
 

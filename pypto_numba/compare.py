@@ -37,6 +37,7 @@ class Row:
     cost: object = None
     seconds: float = float("nan")
     estimate: object = None
+    hints: tuple = ()  # the plans' hints (machine/limits.py), in launch order
 
     @property
     def verdict(self) -> str:
@@ -189,6 +190,8 @@ def compare(
         outs = c.outputs(result)
         row.precision = [precision.evaluate(o, r, dtype, policy, rtol, atol) for o, r in zip(outs, refs)]
         row.cost = sum((r.cost for r in t.records), Cost())
+        plans = list({id(r.plan): r.plan for r in t.records}.values())
+        row.hints = tuple((p.where, h) for p in plans for h in p.hints)
         row.estimate = row.cost.estimate(prof_name, dtype)
         rows.append(row)
         timed.append((row, variant))

@@ -140,6 +140,7 @@ class Record:
     seconds: float
     profile: str
     params: dict = dataclasses.field(default_factory=dict)
+    plan: Plan = dataclasses.field(default=None, repr=False, compare=False)  # the kernels' plan
 
 
 class Trace:
@@ -245,6 +246,7 @@ class Launch:
                 seconds=seconds,
                 profile=self.plan.profile.name,
                 params=dict(self.plan.params),
+                plan=self.plan,
             )
             for t in traces:
                 t.records.append(record)

@@ -155,6 +155,7 @@ def _lab_spec():
             "moe_sigmoid_gating": _reference_sigmoid_gating,
             "moe_softmax_gating": _reference_softmax_gating,
             "moe_combine": _reference_combine,
+            "moe_group_filter": _reference_group_filter,  # the eligible experts of grouped top-k
         },
     )
 

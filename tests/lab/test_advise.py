@@ -69,7 +69,7 @@ def test_profile_reaches_the_plans():
     # on the 950 (248 KiB UB) the row fits UB but the 80000 B reduction tile breaks the 64 KiB rule
     a = advise("attention", kv_len=20000, profile="ascend950")
     assert "reduction tile, above the 65536 B limit of ascend950" in a.rejected["standard"]
-    assert "of 253952 B" in a.reasons[0]
+    assert "of the 253952 B Vec limit" in a.reasons[0]
 
 
 def test_bad_scenarios():

@@ -77,7 +77,7 @@ def check_gating(weights, ids, logits, top_k, *, softmax=False, bias=None, n_gro
         grouped = sel.reshape(T, n_group, E // n_group)
         gs = grouped.max(-1) if group_score == "max" else np.sort(grouped, -1)[..., -2:].sum(-1)
         ok &= _separated(-np.sort(-gs, axis=1), topk_group)
-    masked = reference._moe_group_filter(sel, n_group, topk_group, group_score)
+    masked = reference.moe_group_filter(sel, n_group, topk_group, group_score)
     top_sorted = -np.sort(-masked, axis=1)
     ok &= _separated(top_sorted, min(top_k, top_sorted.shape[1] - 1))
     assert ok.mean() >= min_separated, f"only {ok.mean():.2%} of rows are separated: test too weak"
