@@ -159,23 +159,19 @@ class IOps:
     def _v(self, x):
         return self.k(x) if isinstance(x, int) else x
 
-    def add(self, x, y):
-        return self.b.add(self._v(x), self._v(y))
+    def _binary(instruction):
+        def op(self, x, y):
+            return getattr(self.b, instruction)(self._v(x), self._v(y))
+        return op
 
-    def sub(self, x, y):
-        return self.b.sub(self._v(x), self._v(y))
+    def _shift(instruction):
+        def op(self, x, n):
+            return getattr(self.b, instruction)(self._v(x), self.k(n))
+        return op
 
-    def and_(self, x, y):
-        return self.b.and_(self._v(x), self._v(y))
-
-    def or_(self, x, y):
-        return self.b.or_(self._v(x), self._v(y))
-
-    def shr(self, x, n):
-        return self.b.lshr(self._v(x), self.k(n))
-
-    def shl(self, x, n):
-        return self.b.shl(self._v(x), self.k(n))
+    add, sub, and_, or_ = _binary("add"), _binary("sub"), _binary("and_"), _binary("or_")
+    shr, shl = _shift("lshr"), _shift("shl")  # logical shifts by a constant
+    del _binary, _shift
 
     def cmp(self, op, x, y):
         return self.b.icmp_unsigned(op, self._v(x), self._v(y))
