@@ -201,7 +201,7 @@ def _max_rows(add, D, dtype, rdtype, wdtype, offset, prof):
     """Largest row tile whose buffers fit UB and whose square tile fits the reduction limit."""
     one, two = (_nbytes(_buffers(add, t, D, dtype, rdtype, wdtype, offset, prof)) for t in (1, 2))
     per_row = two - one
-    t_max = (prof.ub_bytes - (one - per_row)) // per_row
+    t_max = (prof.limit("UB") - (one - per_row)) // per_row
     t_max = min(t_max, prof.reduce_tile_max_bytes // (align_elems(D, "fp32", prof) * 4))
     return max(0, t_max)
 
@@ -376,13 +376,9 @@ def _launch(c, x, residual, weight, out, copied):
 
 def _call(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out):
     key = _CALLS.key(profile, (x, residual, weight, out), (kind, eps, offset, inv, token_tile))
-    c = _CALLS.get(key)
-    if c is not None:
-        return _launch(c, x, residual, weight, out, 0)
-    c, (xa, ra, wa), copied = _prepare(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out)
-    if not copied:
-        _CALLS.put(key, c)
-    return _launch(c, xa, ra, wa, out, copied)
+    c, arrays, copied = _CALLS.through(key, lambda: _prepare(kind, x, residual, weight, eps, offset, inv,
+                                                             profile, token_tile, out))
+    return _launch(c, *(arrays or (x, residual, weight)), out, copied)
 
 
 @register("rmsnorm", "plain", plan=plan_plain, summary="RMSNorm over the last dim, one vector kernel")

@@ -356,7 +356,7 @@ def plan_online(shape, dtype="fp32", *, has_mask=False, scale=None, profile=None
                         f"{limit} B reduction tile limit of {prof.name}; {hint}")
     rows = _rows_per_task(row_tile, n_rows, limit // (width * 4), prof)
     per_row = width * _ub_bytes_per_elem(dtype, has_mask)
-    while rows > 1 and rows * per_row + 8 * align_elems(rows, "fp32", prof) > prof.ub_bytes:
+    while rows > 1 and rows * per_row + 8 * align_elems(rows, "fp32", prof) > prof.limit("UB"):
         rows -= 1  # leave UB room for the m and l state
     bufs = _buffers(where, rows, width, dtype, has_mask, prof, hint)
     state = align_elems(rows, "fp32", prof)

@@ -314,7 +314,7 @@ for _v, _fn in (("whole_row", softmax.whole_row), ("online", softmax.online)):
     _tile_cases(_p, "row_tile", lambda f=_fn, **kw: f(X, **kw), huge=False)
     close(f"{_p}-row_tile-huge", lambda f=_fn: f(X, row_tile=2**62), lambda: reference.softmax(X), rtol=1e-5, atol=1e-7)
     raises(f"{_p}-plan-dtype", lambda v=_v: getattr(softmax, f"plan_{v}")((4, 37), "float64"), DTypeError,
-           r"dtype must be one of fp32, bf16, fp16")
+           r"dtype 'float64' is not a storage dtype; use fp32, bf16 or fp16")
     raises(f"{_p}-plan-zero", lambda v=_v: getattr(softmax, f"plan_{v}")((0, 37)), ShapeError, r"zero-size dim")
     raises(f"{_p}-plan-has_mask", lambda v=_v: getattr(softmax, f"plan_{v}")((4, 37), has_mask="yes"), ConstraintError,
            r"has_mask must be a bool")
