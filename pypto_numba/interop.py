@@ -28,6 +28,11 @@ import numpy as np
 from .errors import DTypeError
 
 
+# Argument types that are never a tensor nor a torch dtype: a call made only of these is a NumPy
+# call and passes straight through (one set lookup per argument).
+_PLAIN = frozenset({np.ndarray, int, float, str, bool, tuple, type(None)})
+
+
 def _torch_types(torch):
     """(torch.Tensor, torch.dtype) of a loaded torch, or None while torch is half imported."""
     tensor, dtype = getattr(torch, "Tensor", None), getattr(torch, "dtype", None)
@@ -88,6 +93,15 @@ def torch_aware(fn, where: str):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        for a in args:  # the NumPy call: every argument of a type that cannot be a tensor
+            if type(a) not in _PLAIN:
+                break
+        else:
+            for a in kwargs.values():
+                if type(a) not in _PLAIN:
+                    break
+            else:
+                return fn(*args, **kwargs)
         torch = sys.modules.get("torch")
         if torch is None:  # no torch loaded, so no tensor can be in the call
             return fn(*args, **kwargs)

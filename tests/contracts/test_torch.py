@@ -86,6 +86,12 @@ def _cases():
             (make((1000, 77), dt, rng), rng.integers(0, 1000, (3, 17)).astype(np.int32)), {})),
         "embedding.index_select/int64": (pn.embedding.index_select, lambda rng, dt: (
             (make((300, 129), dt, rng), rng.integers(0, 300, (41,)).astype(np.int64)), {})),
+        "rmsnorm.plain": (pn.rmsnorm.plain, lambda rng, dt: ((make((5, 96), dt, rng, 2.0), make((96,), "fp32", rng)),
+                                                             dict(offset=1.0))),
+        "rmsnorm.fused_add": (pn.rmsnorm.fused_add, lambda rng, dt: (
+            (make((5, 96), dt, rng), make((5, 96), "fp32", rng, 3.0), make((96,), dt, rng)), {})),
+        "softmax.whole_row": (pn.softmax.whole_row, lambda rng, dt: ((make((7, 1000), dt, rng, 4.0),), dict(scale=0.7))),
+        "softmax.online": (pn.softmax.online, lambda rng, dt: ((make((3, 3001), dt, rng, 4.0),), dict(col_tile=512))),
     }
     for fn in ("standard", "online", "flash"):
         f = getattr(pn.attention, fn)
