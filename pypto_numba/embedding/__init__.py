@@ -51,15 +51,15 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import inputs
-from .errors import DTypeError, ShapeError
-from .machine import dtypes
-from .machine.ir.lines import first_line
-from .machine.jit import device, kernel
-from .machine.memo import CallMemo, memo_plan
-from .machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
-from .machine.profile import load_profile
-from .machine.tile import (
+from .. import inputs
+from ..errors import DTypeError, ShapeError
+from ..machine import dtypes
+from ..machine.ir.lines import first_line
+from ..machine.jit import device, kernel
+from ..machine.memo import CallMemo, memo_plan
+from ..machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
+from ..machine.profile import load_profile
+from ..machine.tile import (
     GATHER_ROWS,
     LINE,
     PAGE,
@@ -71,7 +71,7 @@ from .machine.tile import (
     stream_lines,
     streamable,
 )
-from .strategy import Launch, register
+from ..strategy import Launch, register
 
 ID_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
 _COPY_VIEW = {"fp32": np.uint32, "bf16": np.uint16, "fp16": np.uint16}  # bits are copied as-is
@@ -566,54 +566,4 @@ def index_select(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=N
     return _call("index_select", weight, ids, profile, row_tile, h_tile, out)
 
 
-# --- lab spec ---
-# What compare, advise and report need to know about embedding (pypto_numba/lab/spec.py).
-
-def _reference_embedding(weight, ids):
-    """``weight[ids]`` in float64."""
-    from .reference import f64
-
-    return f64(weight)[np.asarray(ids)]
-
-
-def _lab_inputs(shape, dtype, rng):
-    from .lab import need, normal
-
-    V, H, B, S = need(shape, 4, "V,H,B,S")
-    return normal((V, H), dtype, rng), rng.integers(0, V, size=(B, S), dtype=np.int32)
-
-
-def _embedding(
-    profile,
-    vocab=151936,
-    hidden=2048,
-    ids_shape=(8, 2048),
-    dtype="bf16",
-    ids_dtype="int32",
-):
-    from .lab import Candidate
-
-    cands = [
-        Candidate("gather", lambda: (plan_gather((vocab, hidden), ids_shape, dtype, ids_dtype, profile=profile),)),
-        Candidate("index_select",
-                  lambda: (plan_index_select((vocab, hidden), ids_shape, dtype, ids_dtype, profile=profile),)),
-    ]
-    return cands, None, ()
-
-
-def _lab_spec():
-    from .lab import Inputs, OpSpec, Seed
-
-    return OpSpec(
-        name="embedding",
-        seed=Seed("gather", "index_select", "gather takes [B, S] ids without flatten; index_select for 1-D ids"),
-        inputs=Inputs(make=_lab_inputs,
-                      default_shape=(32000, 1024, 4, 512),
-                      help="V,H,B,S, e.g. 32000,1024,4,512"),
-        reference=lambda w, ids, strategy, **o: _reference_embedding(w, ids),
-        advise=_embedding,  # named as advise's old rule: its TypeError names it
-        oracles={"embedding": _reference_embedding},
-    )
-
-
-OP = _lab_spec()
+from .spec import OP  # noqa: E402  (the lab's view of the op; after the strategies it names)
