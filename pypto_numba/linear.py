@@ -237,7 +237,7 @@ def _run(strategy, x, weight, bias, profile, cube_tiles):
     (``cube.run_walk``; with ``fused_bias`` the bias is added in its epilogue), and for
     ``matmul_add`` with a bias the vector kernel that adds it."""
     key = _CALLS.key(profile, (x, weight, bias), (strategy, cube_tiles))
-    c, arrays, copied = _CALLS.through(key, lambda: _prepare(strategy, x, weight, bias, profile, cube_tiles))
+    c, arrays, copied = _CALLS.through(key, _prepare, strategy, x, weight, bias, profile, cube_tiles)
     if arrays is not None:
         x, weight, bias = arrays
     # the kernels, on contiguous arrays of the call's signature

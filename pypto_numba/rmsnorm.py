@@ -376,8 +376,8 @@ def _launch(c, x, residual, weight, out, copied):
 
 def _call(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out):
     key = _CALLS.key(profile, (x, residual, weight, out), (kind, eps, offset, inv, token_tile))
-    c, arrays, copied = _CALLS.through(key, lambda: _prepare(kind, x, residual, weight, eps, offset, inv,
-                                                             profile, token_tile, out))
+    c, arrays, copied = _CALLS.through(key, _prepare, kind, x, residual, weight, eps, offset, inv, profile,
+                                       token_tile, out)
     return _launch(c, *(arrays or (x, residual, weight)), out, copied)
 
 

@@ -190,7 +190,7 @@ class Launch:
 
     def __init__(self, plan: Plan, shapes):
         self.plan = plan
-        self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
+        self._shapes = shapes  # normalised only when a trace records the call (see shapes)
         self._costs = []
         self._extra_workspace = 0
 
@@ -198,15 +198,20 @@ class Launch:
         """Record the next kernel's counters ``(tasks, gm_read, gm_write, vector_ops, cube_flops)``."""
         if len(self._costs) >= len(self.plan.kernels):
             raise RuntimeError(f"{self.plan.where}: more kernels ran than the plan declares")
-        tasks, gm_read, gm_write, vector_ops, cube_flops = values = tuple(int(v) for v in counted)
-        if min(values) < 0 or workspace_bytes < 0:  # e.g. an overflowed counter
-            raise RuntimeError(f"{self.plan.where}: negative count {values}, workspace {workspace_bytes}")
+        values = tuple(map(int, counted))
+        if len(values) != 5 or min(values) < 0 or workspace_bytes < 0:  # e.g. an overflowed counter
+            raise RuntimeError(f"{self.plan.where}: bad count {values}, workspace {workspace_bytes}")
         # kept raw: the Cost is built only when a trace asks for it (this runs on every call)
         self._costs.append((values, int(workspace_bytes)))
 
     def workspace(self, nbytes: int):
         """Extra GM workspace of the call that no single kernel owns (e.g. a contiguous copy)."""
         self._extra_workspace += int(nbytes)
+
+    @property
+    def shapes(self) -> tuple:
+        """The call's input shapes, as tuples of ints."""
+        return tuple(tuple(map(int, s)) for s in self._shapes)
 
     @property
     def counted(self) -> Cost:

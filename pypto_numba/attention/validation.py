@@ -39,9 +39,13 @@ class Args:
 
 
 # Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
-# Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
 # are a good part of a decode-sized call (docs/performance.md).
 _CALLS = CallMemo()
+
+
+def _full(where, q, k, v, plan, scale, causal, kv_len, mask, gqa):
+    a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
+    return (a, plan(a)), a, a.copied_bytes
 
 
 def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, options=()):
@@ -52,11 +56,7 @@ def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, 
     profile. A call with a ``mask`` (data) or a non-contiguous input (copied) keeps nothing."""
     key = None if mask is not None else _CALLS.key(profile, (q, k, v), (where, scale, causal, kv_len, gqa, options))
 
-    def full():
-        a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
-        return (a, plan(a)), a, a.copied_bytes
-
-    (a, p), fresh, _ = _CALLS.through(key, full)
+    (a, p), fresh, _ = _CALLS.through(key, _full, where, q, k, v, plan, scale, causal, kv_len, mask, gqa)
     return (a if fresh is not None else a.with_arrays(q, k, v)), p
 
 

@@ -494,8 +494,7 @@ def _call(strategy, weight, ids, profile, row_tile, h_tile, out):
     """Run one call: its signature's part from ``_CALLS`` when an earlier call had the same one,
     else from the full validation (which then keeps it). The ids' range is checked every time."""
     key = _CALLS.key(profile, (weight, ids, out), (strategy, row_tile, h_tile))
-    c, arrays, copied = _CALLS.through(key, lambda: _prepare(strategy, weight, ids, profile, row_tile,
-                                                             h_tile, out))
+    c, arrays, copied = _CALLS.through(key, _prepare, strategy, weight, ids, profile, row_tile, h_tile, out)
     if arrays is None:  # a kept signature: the ids' values are new
         _check_id_range(ids, c.V, c.where)
         arrays = (weight, ids)

@@ -143,17 +143,17 @@ class CallMemo:
             return None
         return tuple(key)
 
-    def through(self, key, prepare):
+    def through(self, key, prepare, *args):
         """The one call protocol of a strategy that keeps calls: ``-> (entry, arrays, copied)``.
 
         For a ``key`` kept earlier: ``(entry, None, 0)`` (the caller uses its own arrays, as they
-        are). Otherwise ``prepare()`` validates in full and returns ``(entry, arrays, copied)``
+        are). Otherwise ``prepare(*args)`` validates in full and returns ``(entry, arrays, copied)``
         (the contiguous arrays and the bytes copied to make them so); the entry is kept only when
         nothing was copied, and that triple is returned."""
         entry = None if key is None else self._entries.get(key)
         if entry is not None:
             return entry, None, 0
-        entry, arrays, copied = prepare()
+        entry, arrays, copied = prepare(*args)
         if not copied:
             self.put(key, entry)
         return entry, arrays, copied

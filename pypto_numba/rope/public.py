@@ -82,8 +82,7 @@ def _call(kind, x, weight, cos, sin, eps, profile, token_tile, out):
     """Run one rope call: what its signature determines comes from ``_CALLS`` when an earlier
     call had the same one, else from the full validation (which then keeps it)."""
     key = _CALLS.key(profile, (x, weight, cos, sin, out), (kind, eps, token_tile))
-    c, arrays, copied = _CALLS.through(key, lambda: _prepare(kind, x, weight, cos, sin, eps, profile,
-                                                             token_tile, out))
+    c, arrays, copied = _CALLS.through(key, _prepare, kind, x, weight, cos, sin, eps, profile, token_tile, out)
     return _launch(c, *(arrays or (x, weight, cos, sin)), out, copied)
 
 
