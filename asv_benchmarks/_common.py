@@ -12,9 +12,11 @@ Peers (numba, same threads as the code under test; asv.conf.json pins ``NUMBA_NU
   ``nbytes`` written); ``copy_gbps(nbytes)`` = ``2*nbytes / seconds / 1e9`` (read + write).
   Peer for element-wise ops: an op that reads and writes ``nbytes`` each at copy speed has
   ``median_ratio(op, copy) == 1.0``.
-- ``sum_kernel(x)``: plain prange float32 sum (a prange reduction; fine for a peer, the order of the
-  sum is not what is measured). ``sum_seconds(nbytes)`` / ``sum_gbps(nbytes)`` =
-  ``nbytes / seconds / 1e9`` (read bandwidth). Peer for reductions.
+- ``sum_peer(nbytes)``: the read peer, a zero-argument callable that reads ``nbytes`` of float32
+  once: ``torch.sum`` (vectorised; 48-51 GB/s on the 2-core Zen 5 for arrays beyond L3) when torch
+  is installed, else the plain prange ``sum_kernel`` (which reads well below that: a prange
+  reduction does not keep enough loads in flight). ``sum_seconds`` / ``sum_gbps`` time it
+  (``nbytes / seconds / 1e9``, read bandwidth). Peer for reductions and decode reads.
 
 Ratios: ``median_ratio(fn_a, fn_b, repeats=7)`` alternates a, b, a, b, ... (or blocks of runs,
 ``block=``) and returns
@@ -31,6 +33,17 @@ that runs next to a second OpenMP runtime and much slower. Measured here (SDPA a
 the first launch, 166-170 ms imported first; ``track_prefill_vs_torch`` read 2.4x instead of
 ~1.0x and ``track_decode_vs_torch`` (B=4, Skv=8192) 11.6-12.2x instead of 1.15x. Our kernels'
 times did not change.
+
+Heavy set: ``@heavy`` marks a benchmark class (named ``Heavy...``) that the default suite skips
+(its setup raises NotImplementedError, asv's "skipped") unless ``PYPTO_NUMBA_BENCH_HEAVY=1``:
+large sweeps and compile times. Run them with
+``PYPTO_NUMBA_BENCH_HEAVY=1 asv run --bench Heavy``.
+
+Unpinned BLAS: the machine pins ``OPENBLAS_CORETYPE`` (and may pin ``OPENBLAS_L2_SIZE``), which
+halves NumPy's sgemm; tests and CI keep the pins. ``unpinned(module, function, *args)`` runs
+``function(*args)`` of a benchmark module in a child process whose environment drops both, and
+returns its float result: a GEMM ratio against NumPy is then measured inside that child, both
+sides alternating in one process.
 
 Compile time: ``compile_seconds(snippet)`` writes module source to a temporary .py file and runs
 it twice in fresh processes sharing a brand-new ``NUMBA_CACHE_DIR``: the first run compiles, the
@@ -72,9 +85,14 @@ __all__ = [
     "torch_or_none",
     "to_torch",
     "compile_seconds",
+    "heavy",
+    "unpinned",
     "M64",
     "M16",
 ]
+
+HEAVY_ENV = "PYPTO_NUMBA_BENCH_HEAVY"
+BLAS_PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 M64 = 64 * 1024 * 1024  # 64M elements: the issue's benchmark size
 M16 = 16 * 1024 * 1024
@@ -147,9 +165,15 @@ def copy_peer(nbytes: int):
 
 
 def sum_peer(nbytes: int):
-    """A zero-argument callable that sums an ``nbytes`` float32 buffer (warmed up)."""
+    """The read peer: a zero-argument callable that reads an ``nbytes`` float32 buffer once
+    (``torch.sum`` when torch is installed, else ``sum_kernel``; warmed up)."""
     n = _f32_elems(nbytes)
     x = np.ones(n, dtype=np.float32)
+    torch = torch_or_none()
+    if torch is not None:
+        t = torch.from_numpy(x)
+        torch.sum(t)
+        return lambda: torch.sum(t)
     sum_kernel(x)
     return lambda: sum_kernel(x)
 
@@ -172,6 +196,42 @@ def sum_seconds(nbytes: int, repeats: int = 7) -> float:
 def sum_gbps(nbytes: int, repeats: int = 7) -> float:
     """Read bandwidth of the plain prange sum in GB/s: ``nbytes / sum_seconds(nbytes) / 1e9``."""
     return _f32_elems(nbytes) * 4 / sum_seconds(nbytes, repeats) / 1e9
+
+
+def heavy(cls):
+    """Class decorator: ``cls`` belongs to the heavy set (see the module docstring). Its
+    ``setup_cache`` (if any) does nothing and its ``setup`` skips, unless the set is asked for."""
+    setup = getattr(cls, "setup", None)
+    setup_cache = getattr(cls, "setup_cache", None)
+
+    def gated(self, *args):
+        if os.environ.get(HEAVY_ENV) != "1":
+            raise NotImplementedError(f"heavy benchmark: set {HEAVY_ENV}=1 to run it")
+        if setup is not None:
+            setup(self, *args)
+
+    cls.setup = gated
+    if setup_cache is not None:
+        def gated_cache(self):
+            return setup_cache(self) if os.environ.get(HEAVY_ENV) == "1" else None
+
+        gated_cache.__name__ = "setup_cache"
+        cls.setup_cache = gated_cache
+    return cls
+
+
+def unpinned(module: str, function: str, *args, timeout: float = 1800.0) -> float:
+    """``module.function(*args)`` (a float) computed in a child process without the machine's
+    ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` pins (see the module docstring)."""
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_PINS}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # asv strips it
+    code = (f"import importlib, sys; m = importlib.import_module({module!r}); "
+            f"print(repr(float(getattr(m, {function!r})(*{args!r}))))")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=timeout, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"unpinned {module}.{function}{args!r} failed:\n{res.stderr[-2000:]}")
+    return float(res.stdout.strip().splitlines()[-1])
 
 
 def torch_or_none():

@@ -92,15 +92,24 @@ class EmbeddingTrack:
             self.peer = lambda: f(ti, tw)
 
     def track_vs_copy(self, dtype):
+        """Against a numba prange copy of the output's bytes (new result each call)."""
         return median_ratio(self.ours, self.copy, 9)
 
+    track_vs_copy.unit = "x copy of the output bytes"
+
     def track_vs_copy_out(self, dtype):
+        """Against a numba prange copy of the output's bytes (out= reused)."""
         return median_ratio(self.ours_out, self.copy, 9)
 
+    track_vs_copy_out.unit = "x copy of the output bytes"
+
     def track_vs_torch(self, dtype):
+        """Against ``torch.nn.functional.embedding`` (same dtype, same threads)."""
         if self.torch is None:
             return math.nan
         return median_ratio(self.ours, self.peer, 9)
+
+    track_vs_torch.unit = "x torch F.embedding"
 
 
 class EmbeddingWideRowsTrack:
@@ -127,7 +136,10 @@ class EmbeddingWideRowsTrack:
         self.copy = copy_peer(self.out.nbytes)
 
     def track_vs_copy_out(self, dtype):
+        """Against a numba prange copy of the output's bytes (out= reused)."""
         return median_ratio(self.ours, self.copy, 9)
+
+    track_vs_copy_out.unit = "x copy of the output bytes"
 
 
 class EmbeddingDecodeTime:

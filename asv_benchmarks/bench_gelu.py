@@ -24,7 +24,7 @@ import numpy as np
 
 from pypto_numba import gelu
 
-from ._common import M64, compile_seconds, copy_peer, median_ratio, median_seconds, to_torch, torch_or_none
+from ._common import M64, compile_seconds, heavy, copy_peer, median_ratio, median_seconds, to_torch, torch_or_none
 
 N = M64  # 64M elements: 256 MB fp32 in + 256 MB out; setup ~2-4 s on 2 cores
 NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
@@ -81,14 +81,14 @@ class GeluTrack:
     def track_vs_copy(self, strategy, dtype):
         return median_ratio(self.run, copy_peer(self.x.nbytes), 7)
 
-    track_vs_copy.unit = "ratio"
+    track_vs_copy.unit = "x copy of the input bytes"
 
     def track_vs_copy_out(self, strategy, dtype):
         out = np.empty_like(self.x)
         fn = getattr(gelu, strategy)
         return median_ratio(lambda: fn(self.x, out=out), copy_peer(self.x.nbytes), 7)
 
-    track_vs_copy_out.unit = "ratio"
+    track_vs_copy_out.unit = "x copy of the input bytes"
 
     def track_vs_torch(self, strategy, dtype):
         torch = torch_or_none()
@@ -99,7 +99,7 @@ class GeluTrack:
         peer = lambda: torch.nn.functional.gelu(xt, approximate=approx)  # noqa: E731
         return median_ratio(self.run, peer, 5)
 
-    track_vs_torch.unit = "ratio"
+    track_vs_torch.unit = "x torch F.gelu"
 
 
 _SNIPPET = """
@@ -113,7 +113,8 @@ def first_call():
 """
 
 
-class GeluCompile:
+@heavy
+class HeavyGeluCompile:
     """First call in a fresh process: compile (empty cache) and load (warm cache)."""
 
     timeout = 600

@@ -92,7 +92,7 @@ class RmsnormTrack:
         copy = copy_peer(self.plan.cost.gm_bytes // 2)
         return median_ratio(self.run, copy, 7)
 
-    track_vs_copy.unit = "x copy speed"
+    track_vs_copy.unit = "x copy of the planned GM bytes"
 
     def track_vs_torch(self, strategy, dtype, shape):
         torch = torch_or_none()
@@ -110,4 +110,4 @@ class RmsnormTrack:
         peer()
         return median_ratio(self.run, peer, 7)
 
-    track_vs_torch.unit = "x torch"
+    track_vs_torch.unit = "x torch F.rms_norm"

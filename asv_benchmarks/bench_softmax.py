@@ -81,7 +81,7 @@ class SoftmaxTrack:
     def track_vs_copy(self, strategy, dtype, shape):
         return median_ratio(self.run, copy_peer(self.plan.cost.gm_bytes // 2), 7)
 
-    track_vs_copy.unit = "ratio"
+    track_vs_copy.unit = "x copy of the planned GM bytes"
 
     def track_vs_torch(self, strategy, dtype, shape):
         torch = torch_or_none()
@@ -90,4 +90,4 @@ class SoftmaxTrack:
         xt = to_torch(torch, self.x)
         return median_ratio(self.run, lambda: torch.softmax(xt, -1), 5)
 
-    track_vs_torch.unit = "ratio"
+    track_vs_torch.unit = "x torch.softmax"
