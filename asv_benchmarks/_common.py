@@ -26,13 +26,10 @@ Ratios: ``median_ratio(fn_a, fn_b, repeats=7)`` alternates a, b, a, b, ... (or b
 
 ``to_torch(torch, a)``: zero-copy torch tensor of a float32/float16/bfloat16 array (same dtype).
 
-torch is imported when this module is (if installed), before any numba kernel runs: numba's
-OpenMP layer loads the system libgomp at its first parallel launch, and a torch imported after
-that runs next to a second OpenMP runtime and much slower. Measured here (SDPA alternating with
-``attention.flash``, causal prefill B=1, H=8, S=4096, D=128): torch took 420-570 ms imported after
-the first launch, 166-170 ms imported first; ``track_prefill_vs_torch`` read 2.4x instead of
-~1.0x and ``track_decode_vs_torch`` (B=4, Skv=8192) 11.6-12.2x instead of 1.15x. Our kernels'
-times did not change.
+torch is imported when this module is (if installed), before any numba kernel runs. An earlier
+host ran torch 2.5-10x slower when it was imported after numba's first parallel launch (two
+OpenMP runtimes); ``tools/import_order.py`` finds no such effect on this one (README), but the
+peers keep the safe order.
 
 Heavy set: ``@heavy`` marks a benchmark class (named ``Heavy...``) that the default suite skips
 (its setup raises NotImplementedError, asv's "skipped") unless ``PYPTO_NUMBA_BENCH_HEAVY=1``:
