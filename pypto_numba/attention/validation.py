@@ -155,8 +155,8 @@ def check_softcap(softcap, where):
     if softcap is None:
         return np.float32(0.0)
     ok = (not isinstance(softcap, (bool, np.bool_)) and isinstance(softcap, numbers.Real)
-          and math.isfinite(softcap) and softcap > 0)
-    if not ok or not (np.isfinite(np.float32(softcap)) and np.float32(softcap) > 0):
+          and math.isfinite(softcap) and 0 < softcap <= float(np.finfo(np.float32).max))
+    if not ok or not np.float32(softcap) > 0:  # a positive value below float32's range is 0 there
         raise ConstraintError(f"{where}: softcap must be a finite number > 0 within float32 "
                               f"(Gemma 2 uses 50.0), got {softcap!r}; pass softcap=None for no capping")
     return np.float32(softcap)
