@@ -279,3 +279,18 @@ def test_query_groups_change_no_bits_with_a_window(name, monkeypatch, rng):
         got[g] = (out.view(np.uint16), rec.cost)
     np.testing.assert_array_equal(got[3][0], got[1][0])
     assert got[3][1] == got[1][1]
+
+
+def test_advise_and_compare_know_the_options(rng):
+    """advise prices a window from the plans; compare scores the options against the oracle."""
+    import pypto_numba as pn
+
+    adv = pn.advise("attention", batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=32768, head_dim=128,
+                    dtype="bf16", window=4096, softcap=50.0, sinks=True)
+    assert any("sliding window 4096" in n for n in adv.reasons)
+    short = pn.advise("attention", batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=4096, head_dim=128,
+                      dtype="bf16", softcap=50.0, sinks=True)
+    assert adv.chosen == short.chosen
+    q, k, v = inputs(rng, 1, 4, 2, 3, 200, 32, "fp32")
+    cmp = pn.compare("attention", q, k, v, window=(20, 4), softcap=10.0, sinks=_sinks(4, rng), repeats=1)
+    assert [r.verdict for r in cmp.rows] == ["PASS"] * 3
