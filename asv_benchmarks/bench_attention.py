@@ -8,7 +8,9 @@ The issue's targets (2 threads):
   ``[B, Hkv, G*Sq, D]`` (``track_decode_vs_torch``);
 - bf16 K/V >= 1.5x faster than fp32 for the same shape (``track_decode_bf16_speedup``);
 - prefill causal fp32, B=1, H=8, S=4096, D=128: ``flash`` >= 1.0x torch SDPA
-  (``track_prefill_vs_torch``).
+  (``track_prefill_vs_torch``);
+- sliding-window decode (W = 4096, Mistral / Gemma) over a 32K cache <= 1.2x the time of a plain
+  4K-context decode of the same heads (``track_window_vs_4k_context``, issue 21).
 
 Bandwidth convention: decode reads K and V (``kv_bytes``) once; the copy peer copies
 ``kv_bytes / 2`` (so it moves ``kv_bytes`` read + written): ``copy time / attention time`` is the
@@ -204,6 +206,42 @@ class HeavyAttentionDecodeTrack(AttentionDecodeTrack):
     """AttentionDecodeTrack over B in {1, 4, 8} and Skv in {8192, 32768}."""
 
     params = (["online", "flash"], [1, 4, 8], [8192, 32768])
+
+
+class AttentionWindowDecodeTrack:
+    """Sliding-window decode, W = 4096 over a 32K cache, against a decode of a 4K cache (its last
+    4096 keys, contiguous), B = 4, Hq = 32, Hkv = 8, D = 128: online and flash read only the KV
+    tiles inside the window, so the window call should cost about the 4K call (target <= 1.2x)."""
+
+    params = (["online", "flash"], ["fp32", "bf16"])
+    param_names = ["strategy", "dtype"]
+    timeout = 900
+    repeat = 1
+    number = 1
+    B, W, SKV, CTX = 4, 4096, 32768, 4096
+
+    def setup(self, strategy, dtype):
+        fn = getattr(attention, strategy)
+        q, k, v = _decode(self.B, self.SKV, dtype)
+        k4, v4 = (np.ascontiguousarray(x[:, :, -self.CTX:]) for x in (k, v))
+        self.window = lambda: fn(q, k, v, window=self.W)
+        self.context = lambda: fn(q, k4, v4)
+        self.window()
+        self.context()
+        plan = getattr(attention, f"plan_{strategy}")
+        self.plans = (plan(q.shape, k.shape, None, dtype, window=self.W), plan(q.shape, k4.shape, None, dtype))
+
+    def track_window_vs_4k_context(self, strategy, dtype):
+        return median_ratio(self.context, self.window, 7)
+
+    track_window_vs_4k_context.unit = "x 4K-context time"
+
+    def track_window_plan_gm_ratio(self, strategy, dtype):
+        """The plans' GM bytes of the window call over the 4K call's (deterministic; 1.0 when
+        the window's tiles line up with kv_tile)."""
+        return self.plans[0].cost.gm_bytes / self.plans[1].cost.gm_bytes
+
+    track_window_plan_gm_ratio.unit = "x 4K-context GM bytes"
 
 
 class AttentionPlanBytes:

@@ -5,8 +5,11 @@ head h uses KV head h // G)::
 
     out[b, h, i] = softmax_j(scale * q[b, h, i] . k[b, h//G, j] + mask[b, h, i, j]) @ v[b, h//G]
 
-over the allowed keys ``j < kv_len[b]`` (and ``j <= i + kv_len[b] - Sq`` when ``causal``, bottom-right
-aligned); a row with no allowed key returns zeros. Rounding points as on the NPU: S in fp32 from
+over the allowed keys ``j < kv_len[b]`` (and ``j <= i' = i + kv_len[b] - Sq`` when ``causal``, bottom-right
+aligned; ``-right <= i' - j <= left`` with ``window=(left, right)``, ``window=W`` being ``(W-1, 0)``
+and causal); a row with no allowed key returns zeros. ``softcap=c`` caps the scaled scores to
+``c * tanh(s / c)`` before the mask; ``sinks[Hq]`` add one logit per head to every row's softmax
+(in the max, the sum and the lse, with no value). Rounding points as on the NPU: S in fp32 from
 storage-dtype operands, softmax in fp32, P rounded to the storage dtype before P@V, fp32
 accumulation, one cast at the end.
 
@@ -19,6 +22,9 @@ Strategies (b = itemsize, rows = B*Hq*Sq)::
               state (Dv+2)*4 B per row read+written per KV tile in GM workspace
     flash     1 kernel (+1 combine with split-KV); K/V read once per task for the tiles that are
               not fully masked; no state traffic; split partials (Dv+2)*4 B per row and split
+
+With a window, online and flash skip the KV tiles wholly outside it (a sliding-window decode
+reads about W keys whatever the cache length); standard masks whole rows.
 
 ``gqa="expand_clone"`` prepends two ``repeat_kv.expand_clone`` copy kernels (K and V, G times
 their size in GM traffic and workspace) and runs as multi-head attention.
@@ -43,11 +49,21 @@ def _reference_attention(
     kv_len=None,
     mask=None,
     return_lse=False,
+    window=None,
+    softcap=None,
+    sinks=None,
 ):
-    """Softmax attention with GQA, bottom-right causal alignment, kv_len and an additive mask.
+    """Softmax attention with GQA, bottom-right causal alignment, kv_len, an additive mask, a
+    sliding window, soft-capping and sinks, from their definitions, densely in float64.
 
-    Fully masked query rows return zeros (and lse = -inf).
+    ``window=(left, right)`` keeps key j of query i iff ``-right <= i' - j <= left`` with
+    ``i' = i + kv_len - Sq``; ``window=W`` is ``(W - 1, 0)`` and causal. ``softcap=c``: the scaled
+    scores become ``c * tanh(s / c)``, then the mask is added. ``sinks[Hq]``: one more key per
+    row whose logit is the sink (not scaled or capped) and whose value is zero.
+    Fully masked query rows return zeros (and lse = -inf, or the sink).
     """
+    import numbers
+
     import numpy as np
 
     from ..reference import f64
@@ -58,24 +74,37 @@ def _reference_attention(
     scale = 1.0 / np.sqrt(D) if scale is None else float(scale)
     k, v = np.repeat(k, Hq // Hkv, axis=1), np.repeat(v, Hq // Hkv, axis=1)
     s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if softcap is not None:
+        s = float(softcap) * np.tanh(s / float(softcap))
     if mask is not None:
         s = s + np.broadcast_to(f64(mask), s.shape)
     lens = np.full(B, Skv) if kv_len is None else np.asarray(kv_len).astype(np.int64)
     j = np.arange(Skv)
-    allowed = j[None, :] < lens[:, None]  # [B, Skv]
-    allowed = np.broadcast_to(allowed[:, None, None, :], s.shape)
+    diag = np.arange(Sq)[None, :, None] + (lens[:, None, None] - Sq)  # i' [B, Sq, 1]
+    keep = np.broadcast_to(j[None, None, :] < lens[:, None, None], (B, Sq, Skv))  # [B, Sq, Skv]
+    if window is not None:
+        if isinstance(window, numbers.Integral):
+            left, right, causal = int(window) - 1, 0, True
+        else:
+            left, right = (int(x) for x in window)
+        dist = diag - j[None, None, :]
+        keep = keep & (dist >= -right) & (dist <= left)
     if causal:
-        i = np.arange(Sq)
-        limit = i[None, :, None] + (lens[:, None, None] - Sq)  # [B, Sq, 1]
-        allowed = allowed & (j[None, None, :] <= limit)[:, None, :, :]
+        keep = keep & (j[None, None, :] <= diag)
+    allowed = np.broadcast_to(keep[:, None, :, :], s.shape)
+    # keys past kv_len are ignored: whatever V holds there (NaN, inf) must not reach 0 * V
+    v = np.where((j[None, :] < lens[:, None])[:, None, :, None], v, 0.0)
+    if sinks is not None:  # one more key: logit sinks[h], always allowed, value 0
+        col = np.broadcast_to(f64(sinks)[None, :, None, None], (B, Hq, Sq, 1))
+        s = np.concatenate([s, col], axis=-1)
+        allowed = np.concatenate([allowed, np.ones((B, Hq, Sq, 1), bool)], axis=-1)
+        v = np.concatenate([v, np.zeros((B, Hq, 1, v.shape[3]))], axis=2)
     s = np.where(allowed, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)  # NaN when an allowed score is NaN: the row is NaN
     dead = m == -np.inf  # no allowed key: zeros
     p = np.exp(s - np.where(dead, 0.0, m))
     p = np.where(allowed, p, 0.0)
     l = p.sum(axis=-1, keepdims=True)
-    # keys past kv_len are ignored: whatever V holds there (NaN, inf) must not reach 0 * V
-    v = np.where((j[None, :] < lens[:, None])[:, None, :, None], v, 0.0)
     out = np.einsum("bhqk,bhkd->bhqd", p / np.where(l > 0, l, 1.0), v)
     out = np.where((l > 0) | np.isnan(l), out, 0.0)
     if return_lse:
@@ -123,18 +152,24 @@ def _attention(
     dtype="bf16",
     causal=False,
     gqa="head_loop",
+    window=None,
+    softcap=None,
+    sinks=False,
 ):
     from ..lab import Candidate
 
     q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
-    kw = dict(profile=profile, causal=causal, gqa=gqa)
+    kw = dict(profile=profile, causal=causal, gqa=gqa, window=window, softcap=softcap, has_sinks=sinks)
     cands = [
         Candidate("standard", lambda: (plan_standard(q, k, None, dtype, **kw),), fused=False),
         Candidate("online", lambda: (plan_online(q, k, None, dtype, **kw),), fused=False),
         Candidate("flash", lambda: (plan_flash(q, k, None, dtype, **kw),)),
     ]
     phase = "decode" if q_len == 1 else "prefill"
-    return cands, ("online" if phase == "decode" else "flash"), (f"{phase} scenario (q_len={q_len}, kv_len={kv_len})",)
+    notes = (f"{phase} scenario (q_len={q_len}, kv_len={kv_len})",)
+    if window is not None:
+        notes += (f"sliding window {window!r}: online and flash read only the KV tiles inside it",)
+    return cands, ("online" if phase == "decode" else "flash"), notes
 
 
 def _lab_spec():

@@ -4,11 +4,14 @@ One tile task per (batch, KV head, query tile[, KV split]) (on the CPU, prefill 
 ``tasks.Q_GROUP`` query tiles of a KV head together); the [R = G*qv, D] query block (G
 heads of the KV head, qv query positions) walks its KV tiles with the running max/sum/output kept
 on-chip (UB), so no state traffic reaches GM. Tiles that are fully masked for every row of the
-block are not run: with ``kv_len`` and bottom-right ``causal`` the allowed keys of a row are a
-prefix, so the block runs the first ``T = ceil(min(kv_len, last_row_limit + 1) / kv_tile)`` tiles
-(P is rounded to the storage dtype before P@V, as on the NPU).
+block are not run: with ``kv_len``, bottom-right ``causal`` and a ``window`` the allowed keys of a
+row are a range ``[lo, hi)`` that moves right with the row (tiles.key_range), so the block runs the
+tiles from the one holding its first row's ``lo`` to the one holding its last row's ``hi`` (a
+sliding-window decode reads about W keys, not the cache). P is rounded to the storage dtype
+before P@V, as on the NPU. Sinks join each row's state after its last tile (the combine's, with
+split-KV), soft-capping is part of the tile softmax (tiles.tile_softmax).
 
-Split-KV (flash-decoding): with fewer blocks than the profile has cube cores, the T tiles of a
+Split-KV (flash-decoding): with fewer blocks than the profile has cube cores, the T run tiles of a
 block are divided into ``num_splits`` contiguous ranges (``ceil(T / num_splits)`` tiles each); each
 split writes its partial (m, l, O) to GM workspace and a combine kernel merges them with
 log-sum-exp weights ``exp(m_s - max m)``. ``num_splits=None`` picks ``cube_cores // blocks``.
@@ -16,9 +19,9 @@ log-sum-exp weights ``exp(m_s - max m)``. ``num_splits=None`` picks ``cube_cores
 Traffic (b = itemsize, R rows, n valid keys of a run tile, state row (Dv + 2)*4 B)::
 
     1 kernel   read Q R*D*b per task + run tiles' K and V (n*(D+Dv)*b) [+ mask R*n*4];
-               write R*Dv*b [+ lse R*4]
+               write R*Dv*b [+ lse R*4] [+ sinks read R*4]
     split      kernel 1 writes R*(Dv+2)*4 per task instead of the output; kernel 2 (combine)
-               reads num_splits*R*(Dv+2)*4 per block and writes R*Dv*b [+ R*4]
+               reads num_splits*R*(Dv+2)*4 [+ sinks R*4] per block and writes R*Dv*b [+ R*4]
                workspace num_splits*B*Hq*Sq*(Dv+2)*4
 """
 
@@ -49,8 +52,11 @@ from .tiles import (
     NEG_INF,
     PV_STORAGE,
     RES_SLOTS,
-    allowed_keys,
+    SINK_ELEM_OPS,
+    SINK_ROW_OPS,
+    key_range,
     load_q_block,
+    merge_sink,
     merge_state,
     packed_keys,
     reset_state,
@@ -60,13 +66,15 @@ from .tiles import (
     tile_softmax,
     tile_vector_ops,
     write_lse,
+    tile_span,
     write_out,
 )
-from .validation import check_gqa, prepare, shapes_of
+from .validation import check_gqa, check_softcap, check_window, prepare, shapes_of
 
 COMBINE_ROW_OPS = 3  # per row and split: max, sub, exp of the weight
 COMBINE_ELEM_OPS = 2  # per output element and split: w*O_s and the add
 LSE_ROW_OPS = 2  # log and add
+COMBINE_SINK_OPS = 4  # per row: the sink in the max, and exp(sink - m) (sub, exp) added to l
 
 # the kernel's per-thread scratch regions, in slab order (scratch_layout gives their bounds); the
 # running states are another slab (see the kernel)
@@ -86,13 +94,18 @@ def _flash_kernel(
     want_lse,
     kv_len,
     causal,
+    left,
+    right,
     scale,
+    softcap,
     has_mask,
     mask,
     msb,
     msh,
     msi,
     msj,
+    has_sinks,
+    sinks,
     qt,
     qg,
     kv_tile,
@@ -113,8 +126,10 @@ def _flash_kernel(
     ----------
     q, k, v, out : kernel views [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, Dv], [B, Hq, Sq, Dv]
     lse, want_lse : fp32 [B, Hq, Sq] log-sum-exp, written when want_lse (and n_split == 1)
-    kv_len : int64 [B]; causal, scale : the validated options
+    kv_len : int64 [B]; causal, left, right, scale, softcap : the validated options (the window's
+    bounds, validation.check_window; softcap 0: none)
     has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    has_sinks, sinks : fp32 [Hq] sink logits (with split-KV the combine adds them)
     qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
     n_split : KV splits per block (> 1: partials to part_*, merged by :func:`_combine_kernel`)
     kt : K packed transposed (tiles.packed_keys; empty for decode-shaped tiles)
@@ -156,7 +171,7 @@ def _flash_kernel(
         t_last = 0
         for u in range(members):
             i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
-            lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp)
+            lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, left, right, kv_tile, n_split, sp)
             t_first = min(t_first, lo)
             t_last = max(t_last, hi)
             m0 = u * sw
@@ -168,22 +183,23 @@ def _flash_kernel(
             n = min(kv_tile, Skv - j0)
             for u in range(members):
                 i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
-                lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp)
+                lo, hi = _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, left, right, kv_tile, n_split, sp)
                 if t < lo or t >= hi:
                     continue
                 use_gemm = R >= GEMM_MIN_ROWS
                 m0 = u * sw
                 qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
                 tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
-                nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                    has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph, PV_STORAGE, q)
+                nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, left, right,
+                                    scale, softcap, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph,
+                                    PV_STORAGE, q)
                 tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
                 merge_state(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw],
                             mt, lt, ot, R, Dv)
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
                     gm_read += R * n * 4
-                vector_ops += tile_vector_ops(R, n, Dv, has_mask, PV_STORAGE)
+                vector_ops += tile_vector_ops(R, n, Dv, has_mask, PV_STORAGE, softcap)
                 cube_flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
         for u in range(members):
             qi = q_lo + u
@@ -193,6 +209,10 @@ def _flash_kernel(
             ls = st[m0 + ol:m0 + oo]
             os = st[m0 + oo:m0 + sw]
             if n_split == 1:
+                if has_sinks:
+                    merge_sink(ms, ls, os, R, Dv, sinks, kvh, G, qv)
+                    gm_read += R * 4
+                    vector_ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
                 write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
                 gm_write += R * Dv * b_sz
                 vector_ops += R * Dv * FINAL_ELEM_OPS
@@ -216,14 +236,25 @@ def _flash_kernel(
 
 
 @device
-def _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp):
+def _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, left, right, kv_tile, n_split, sp):
     """KV tiles [lo, hi) that split ``sp`` of the query tile at ``i0`` (``qv`` rows) runs: its
-    ``T`` unmasked tiles (an allowed prefix) cut into ``n_split`` ranges of ``ceil(T/n_split)``."""
-    limit = allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
-    T = (limit + kv_tile - 1) // kv_tile
+    ``T`` run tiles ``[t0, t0 + T)`` (from its first row's first allowed key to its last row's
+    last, :func:`run_span`) cut into ``n_split`` ranges of ``ceil(T/n_split)``."""
+    t0, t1 = run_span(b, i0, qv, Sq, Skv, kv_len, causal, left, right, kv_tile)
+    T = t1 - t0
     per = (T + n_split - 1) // n_split
-    lo = min(sp * per, T)
-    return lo, min(lo + per, T)
+    lo = t0 + min(sp * per, T)
+    return lo, min(lo + per, t1)
+
+
+@device
+def run_span(b, i0, qv, Sq, Skv, kv_len, causal, left, right, kv_tile):
+    """The KV tiles ``[t0, t1)`` the query tile at ``i0`` (``qv`` positions) runs: the allowed
+    keys of a row are a range that moves right with the row, so the block's keys are its first
+    row's ``lo`` to its last row's ``hi``."""
+    lo, _ = key_range(b, i0, Sq, Skv, kv_len, causal, left, right)
+    _, hi = key_range(b, i0 + qv - 1, Sq, Skv, kv_len, causal, left, right)
+    return tile_span(lo, hi, kv_tile)
 
 
 # The combine is a separate NPU kernel (counted as one), but on the CPU it runs on the calling
@@ -231,7 +262,7 @@ def _split_tiles(b, i0, qv, Sq, Skv, kv_len, causal, kv_tile, n_split, sp):
 # blocks than cores, so a few KiB), and a parallel region costs a wake-up of the other thread,
 # which on a loaded host can take as long as the whole decode step.
 @kernel(parallel=False)
-def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
+def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt, has_sinks, sinks):
     n_split = part_m.shape[0]
     B, Hq, Sq, Dv = out.shape
     G = Hq // Hkv
@@ -259,6 +290,8 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
                 m = pm if pm != pm else max(m, pm)  # a NaN split max makes the row NaN
                 if m != m:
                     break
+            if has_sinks and m == m:  # the sink column (no value) is in the row max
+                m = max(m, sinks[h])
             l = np.float32(0.0)
             if m == NEG_INF:
                 for d in range(Dv):
@@ -268,6 +301,8 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
                 continue
             for sp in range(n_split):
                 l += vexp(part_m[sp, blk, r] - m) * part_l[sp, blk, r]
+            if has_sinks:
+                l += vexp(sinks[h] - m)
             inv = np.float32(1.0) / l
             for d in range(Dv):
                 o = np.float32(0.0)
@@ -280,6 +315,9 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt):
         gm_read += n_split * R * (Dv + 2) * 4
         gm_write += R * Dv * b_sz
         vector_ops += R * (n_split * (COMBINE_ROW_OPS + COMBINE_ELEM_OPS * Dv) + FINAL_ELEM_OPS * Dv)
+        if has_sinks:
+            gm_read += R * 4
+            vector_ops += R * COMBINE_SINK_OPS
         if want_lse:
             gm_write += R * 4
             vector_ops += R * LSE_ROW_OPS
@@ -300,28 +338,40 @@ def scratch_layout(Rmax, D, Dv, kv_tile, qg=1):
                           o_tile=Rmax * Dv, m_tile=Rmax, l_tile=Rmax, dot_results=RES_SLOTS)
 
 
-def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal):
-    """T[b, qi]: the KV tiles a block runs (the kernel's prefix rule: the allowed keys of its last row)."""
+def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal, left=None, right=None):
+    """(T0, T1)[b, qi]: the KV tiles ``[T0, T1)`` a block runs (the kernel's rule, :func:`run_span`,
+    run as Python: no compile for the plan). ``left``/``right``: the window's bounds (None: none)."""
     kv_len = kv_len_array(kv_len, B, Skv)
-    keys = allowed_keys.py_func  # the kernels' own rule, run as Python (no compile for the plan)
+    big = Skv + Sq  # validation.check_window's "no bound"
+    left = big if left is None else left
+    right = big if right is None else right
+    keys, span = key_range.py_func, tile_span.py_func
     nq = -(-Sq // qt)
-    T = np.zeros((B, nq), dtype=np.int64)
+    T0 = np.zeros((B, nq), dtype=np.int64)
+    T1 = np.zeros((B, nq), dtype=np.int64)
     for b in range(B):
         for qi in range(nq):
-            last = min(qi * qt + qt, Sq) - 1
-            T[b, qi] = -(-int(keys(b, last, Sq, Skv, kv_len, causal)) // kv_tile)
-    return T
+            i0 = qi * qt
+            last = min(i0 + qt, Sq) - 1
+            lo = keys(b, i0, Sq, Skv, kv_len, causal, left, right)[0]
+            hi = keys(b, last, Sq, Skv, kv_len, causal, left, right)[1]
+            T0[b, qi], T1[b, qi] = span(int(lo), int(hi), kv_tile)
+    return T0, T1
 
 
 @memo_plan
 def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_tile=None,
                kv_tile=None, num_splits=None, return_lse=False, causal=False, kv_len=None,
-               has_mask=False, gqa="head_loop") -> Plan:
-    """Plan of :func:`flash` (shapes [B, H, S, D]; ``kv_len``/``causal`` decide the skipped tiles)."""
+               has_mask=False, gqa="head_loop", window=None, softcap=None, has_sinks=False) -> Plan:
+    """Plan of :func:`flash` (shapes [B, H, S, D]; ``kv_len``/``causal``/``window`` decide the
+    skipped tiles; ``softcap`` (a value or None) and ``has_sinks`` add their vector work)."""
     where = "attention.flash"
     prof = load_profile(profile)
     B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
     check_gqa(gqa, where)
+    causal, window, left, right = check_window(window, causal, Sq, Skv, where)
+    cap = check_softcap(softcap, where)
+    has_sinks = bool(has_sinks)
     expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
@@ -357,27 +407,32 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
     b = dtypes.itemsize(dtype)
     Rmax = G * qt
 
-    T = run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal)
+    T0, T1 = run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal, left, right)
+    if window is not None:  # a window runs a few of the n_t tiles: no more splits than a block runs
+        n_split = min(n_split, max(1, int((T1 - T0).max())))
     state_row = (Dv + 2) * 4
     gm_read = gm_write = vector_ops = cube_flops = 0
     for bi in range(B):
         for qi in range(nq):
             R = G * min(qt, Sq - qi * qt)
-            Tb = int(T[bi, qi])
+            t0, Tb = int(T0[bi, qi]), int(T1[bi, qi] - T0[bi, qi])
             per = -(-Tb // n_split)
             rd = n_split * R * D * b
             vec = flops = 0
             for sp in range(n_split):
-                lo = min(sp * per, Tb)
-                hi = min(lo + per, Tb)
+                lo = t0 + min(sp * per, Tb)
+                hi = min(lo + per, t0 + Tb)
                 for t in range(lo, hi):
                     n = min(kv_tile, Skv - t * kv_tile)
                     rd += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
-                    vec += tile_vector_ops(R, n, Dv, bool(has_mask), PV_STORAGE)
+                    vec += tile_vector_ops(R, n, Dv, bool(has_mask), PV_STORAGE, cap)
                     flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
             if n_split == 1:
                 wr = R * Dv * b + (R * 4 if return_lse else 0)
                 vec += R * Dv * FINAL_ELEM_OPS + (R * LSE_ROW_OPS if return_lse else 0)
+                if has_sinks:
+                    rd += R * 4
+                    vec += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
             else:
                 wr = n_split * R * state_row
             gm_read += Hkv * rd
@@ -396,30 +451,36 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
         check_ub(where, comb_ub, prof, hint)
         kernels.append(KernelPlan(
             name="flash_combine", unit="vector", tasks=blocks, buffers=comb_ub,
-            gm_read_bytes=n_split * rows * state_row,
+            gm_read_bytes=n_split * rows * state_row + (rows * 4 if has_sinks else 0),
             gm_write_bytes=rows * Dv * b + (rows * 4 if return_lse else 0),
             vector_ops=rows * (n_split * (COMBINE_ROW_OPS + COMBINE_ELEM_OPS * Dv) + FINAL_ELEM_OPS * Dv)
-            + (rows * LSE_ROW_OPS if return_lse else 0)))
+            + (rows * LSE_ROW_OPS if return_lse else 0) + (rows * COMBINE_SINK_OPS if has_sinks else 0)))
     return Plan(op="attention", strategy="flash", dtype=dtype, profile=prof,
                 kernels=expand + tuple(kernels),
                 params={"kv_tile": kv_tile, "q_tile": qt, "num_splits": n_split, "gqa": gqa,
-                        "return_lse": bool(return_lse)}, hint=hint)
+                        "return_lse": bool(return_lse), "window": window, "softcap": softcap,
+                        "sinks": has_sinks}, hint=hint)
 
 
 @register("attention", "flash", plan=plan_flash,
           summary="fused flash kernel: state on-chip, masked tiles skipped, split-KV for decode")
 def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
-          q_tile=None, kv_tile=None, num_splits=None, return_lse=False, profile=None):
-    """Fused flash attention (see the module docstring). ``return_lse=True`` -> (out, lse fp32 [B, Hq, Sq])."""
+          q_tile=None, kv_tile=None, num_splits=None, return_lse=False, window=None, softcap=None,
+          sinks=None, profile=None):
+    """Fused flash attention (see the module docstring). ``return_lse=True`` -> (out, lse fp32 [B, Hq, Sq]).
+
+    ``window``, ``softcap``, ``sinks``: see :func:`validation.validate` (sliding window, Gemma 2
+    soft-capping, gpt-oss sinks); the lse includes the sink.
+    """
     where = "attention.flash"
     if not isinstance(return_lse, (bool, np.bool_)):
         raise ConstraintError(f"{where}: return_lse must be True or False, got {return_lse!r}")
     a, p = prepare(where, q, k, v, profile, lambda a: plan_flash(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, q_tile=q_tile, kv_tile=kv_tile,
         num_splits=num_splits, return_lse=return_lse, causal=a.causal, kv_len=a.kv_len,
-        has_mask=a.has_mask, gqa=a.gqa),
-        scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa,
-        options=(q_tile, kv_tile, num_splits, return_lse))
+        has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
+        scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
+        sinks=sinks, options=(q_tile, kv_tile, num_splits, return_lse))
     kvt, qt, n_split = p.params["kv_tile"], p.params["q_tile"], p.params["num_splits"]
     out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
     lse = np.empty((a.B, a.Hq, a.Sq), np.float32)
@@ -443,13 +504,13 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         msb, msh, msi, msj = a.mask_strides
         kt = packed_keys(kk, kvt, Rmax)
         with cube.dynamic_tasks(1):
-            counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal,
-                                    a.scale, a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, qg, kvt,
-                                    n_split, kt, scratch, layout.bounds, state, state_at.bounds, part_m,
-                                    part_l, part_o)
+            counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal, a.left,
+                                    a.right, a.scale, a.softcap, a.has_mask, a.mask_flat, msb, msh, msi,
+                                    msj, a.has_sinks, a.sinks, qt, qg, kvt, n_split, kt, scratch,
+                                    layout.bounds, state, state_at.bounds, part_m, part_l, part_o)
         run.count(counted, workspace_bytes=p.kernels[len(p.kernels) - (2 if n_split > 1 else 1)].workspace_bytes)
         if n_split > 1:
-            run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt))
+            run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt, a.has_sinks, a.sinks))
         run.workspace(a.copied_bytes)
     if return_lse:
         return out, lse

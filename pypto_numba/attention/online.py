@@ -5,15 +5,19 @@ query tiles of a KV head together): the G query heads of the KV head and ``qv`` 
 form one [R = G*qv, D] block (head-loop reuse: each K/V tile is loaded once for all G
 heads, nothing is copied). The task walks all ``ceil(Skv / kv_tile)`` KV tiles (tail tile with a
 valid shape; kv_len and causal are applied by masking, nothing is skipped, as in the PyPTO loop
-over a padded cache) and per tile computes S = QK^T (fp32), scale, mask, local max/exp/sum, P in
-the storage dtype (``pv``), O = PV (fp32), and merges (m, l, O) into the running state, which lives
+over a padded cache), except, with a ``window``, the tiles wholly outside the window band of its
+rows (tiles.band_keys: a sliding-window decode walks about W keys), and per tile computes
+S = QK^T (fp32), scale, mask, local max/exp/sum, P in the storage dtype (``pv``), O = PV (fp32),
+and merges (m, l, O) into the running state, which lives
 in GM workspace between tiles (``is_loop_begin`` writes it, later tiles read and write it, the
-last tile reads it and writes the output).
+last tile reads it and writes the output). Sinks join the state after the last tile
+(tiles.merge_sink); soft-capping is part of the tile softmax.
 
-Traffic (b = itemsize, R = G*qv rows, n_t = ceil(Skv/kv_tile), state row = (Dv + 2)*4 B)::
+Traffic (b = itemsize, R = G*qv rows, n_t walked tiles (ceil(Skv/kv_tile) without a window),
+state row = (Dv + 2)*4 B)::
 
     read   per task: Q R*D*b + n_t tiles of K (n*D*b) and V (n*Dv*b) [+ mask R*n*4]
-           + state R*(Dv+2)*4 at tiles 1..n_t-1
+           + state R*(Dv+2)*4 at tiles 1..n_t-1 [+ sinks R*4]
     write  per task: state R*(Dv+2)*4 at tiles 0..n_t-2, output R*Dv*b
     workspace  B*Hq*Sq*(Dv+2)*4 (0 when n_t = 1)
 
@@ -22,6 +26,7 @@ Traffic (b = itemsize, R = G*qv rows, n_t = ceil(Skv/kv_tile), state row = (Dv +
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import numba
@@ -30,31 +35,37 @@ from numba import prange
 
 from .. import inputs
 from ..machine import cube, dtypes, tile
-from ..machine.jit import kernel
+from ..machine.jit import device, kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
 from ..machine.profile import load_profile
 from ..machine.scratch import Regions
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
-from .plans import check_ub, choose_q_tile, cube_buffers, merge_cube, ub_tile
+from .plans import check_ub, choose_q_tile, cube_buffers, kv_len_array, merge_cube, ub_tile
 from .tasks import block_geometry, group_task, query_group, query_tile
 from .tiles import (
     FINAL_ELEM_OPS,
     GEMM_MIN_ROWS,
     PV_COMPENSATED,
     RES_SLOTS,
+    SINK_ELEM_OPS,
+    SINK_ROW_OPS,
+    band_keys,
     load_q_block,
+    merge_sink,
     merge_state,
     packed_keys,
+    reset_state,
     tile_cube_flops,
     tile_pv,
     tile_scores,
     tile_softmax,
+    tile_span,
     tile_vector_ops,
     write_out,
 )
-from .validation import PV_CODE, check_gqa, check_pv, prepare, shapes_of
+from .validation import PV_CODE, check_gqa, check_pv, check_softcap, check_window, prepare, shapes_of
 
 # the kernel's per-thread scratch regions, in slab order (scratch_layout gives their bounds)
 _SCRATCH = Regions("q_blocks", "scores", "p_hi", "p_lo", "o_tile", "o_lo", "m_tile", "l_tile", "dot_results")
@@ -69,13 +80,18 @@ def _online_kernel(
     out,
     kv_len,
     causal,
+    left,
+    right,
     scale,
+    softcap,
     has_mask,
     mask,
     msb,
     msh,
     msi,
     msj,
+    has_sinks,
+    sinks,
     qt,
     qg,
     kv_tile,
@@ -94,8 +110,10 @@ def _online_kernel(
     Parameters
     ----------
     q, k, v, out : kernel views [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, Dv], [B, Hq, Sq, Dv]
-    kv_len : int64 [B]; causal, scale : the validated options
+    kv_len : int64 [B]; causal, left, right, scale, softcap : the validated options (the window's
+    bounds, validation.check_window; softcap 0: none)
     has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    has_sinks, sinks : fp32 [Hq] sink logits
     qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
     pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32 (tiles.py)
     kt : K packed transposed (tiles.packed_keys; empty for decode-shaped tiles)
@@ -105,7 +123,6 @@ def _online_kernel(
     Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
     """
     B, Hq, Sq, D, Hkv, Skv, Dv, G, nq, ng, Rmax = block_geometry(q, k, v, qt, qg)
-    n_t = (Skv + kv_tile - 1) // kv_tile
     b_sz = q.itemsize
     state_row = (Dv + 2) * 4
     tasks = 0
@@ -126,24 +143,36 @@ def _online_kernel(
         mt = sc[at[_M_TILE]:at[_M_TILE + 1]]
         lt = sc[at[_L_TILE]:at[_L_TILE + 1]]
         res = sc[at[_DOT_RESULTS]:at[_DOT_RESULTS + 1]]
+        t_first = 1 << 62
+        t_last = 0
         for u in range(members):
+            task = (b * Hkv + kvh) * nq + q_lo + u
             i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
+            lo, hi = _walked_tiles(b, i0, qv, Sq, Skv, kv_len, left, right, kv_tile)
+            t_first = min(t_first, lo)
+            t_last = max(t_last, hi)
+            if lo == hi:  # no tile in the window band: the state of a row without keys
+                reset_state(ws_m[task], ws_l[task], ws_o[task], R, Dv)
             load_q_block(q, b, kvh, G, i0, qv, sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D])
             gm_read += R * D * b_sz
-        for t in range(n_t):
+        for t in range(t_first, t_last):
             j0 = t * kv_tile
             n = min(kv_tile, Skv - j0)
             for u in range(members):
                 task = (b * Hkv + kvh) * nq + q_lo + u
                 i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
+                lo, hi = _walked_tiles(b, i0, qv, Sq, Skv, kv_len, left, right, kv_tile)
+                if t < lo or t >= hi:
+                    continue
                 use_gemm = R >= GEMM_MIN_ROWS
                 ms = ws_m[task]
                 ls = ws_l[task]
                 os = ws_o[task]
                 qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
                 tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
-                nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, scale,
-                                    has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl, pv_mode, q)
+                nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, left, right,
+                                    scale, softcap, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl,
+                                    pv_mode, q)
                 tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
                 if pv_mode == PV_COMPENSATED:
                     tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)
@@ -152,7 +181,7 @@ def _online_kernel(
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
                     gm_read += R * n * 4
-                if t == 0:  # is_loop_begin: the tile's state becomes the running state
+                if t == lo:  # is_loop_begin: the tile's state becomes the running state
                     for r in range(R):
                         ms[r] = mt[r]
                         ls[r] = lt[r]
@@ -161,18 +190,31 @@ def _online_kernel(
                 else:  # read the state from GM workspace, merge
                     gm_read += R * state_row
                     merge_state(ms, ls, os, mt, lt, ot, R, Dv)
-                if t < n_t - 1:  # not is_loop_end: write the state back to GM workspace
+                if t < hi - 1:  # not is_loop_end: write the state back to GM workspace
                     gm_write += R * state_row
-                vector_ops += tile_vector_ops(R, n, Dv, has_mask, pv_mode)
+                vector_ops += tile_vector_ops(R, n, Dv, has_mask, pv_mode, softcap)
                 cube_flops += tile_cube_flops(R, n, D, Dv, pv_mode)
         for u in range(members):
             task = (b * Hkv + kvh) * nq + q_lo + u
             i0, qv, R = query_tile(q_lo + u, qt, Sq, G)
+            if has_sinks:  # at is_loop_end, on chip
+                merge_sink(ws_m[task], ws_l[task], ws_o[task], R, Dv, sinks, kvh, G, qv)
+                gm_read += R * 4
+                vector_ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
             write_out(ws_o[task], ws_l[task], R, Dv, out, b, kvh, G, i0, qv)
             gm_write += R * Dv * b_sz
             vector_ops += R * Dv * FINAL_ELEM_OPS
             tasks += 1
     return tasks, gm_read, gm_write, vector_ops, cube_flops
+
+
+@device
+def _walked_tiles(b, i0, qv, Sq, Skv, kv_len, left, right, kv_tile):
+    """KV tiles ``[t0, t1)`` the query tile at ``i0`` (``qv`` positions) walks: those holding keys
+    of its rows' window band (the band moves right with the row); every tile without a window."""
+    lo, _ = band_keys(b, i0, Sq, Skv, kv_len, left, right)
+    _, hi = band_keys(b, i0 + qv - 1, Sq, Skv, kv_len, left, right)
+    return tile_span(lo, hi, kv_tile)
 
 
 @functools.lru_cache(maxsize=256)
@@ -186,13 +228,17 @@ def scratch_layout(Rmax, D, Dv, kv_tile, qg=1):
 @memo_plan
 def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, kv_tile=None,
                 q_tile=None, pv="storage", causal=False, kv_len=None, has_mask=False,
-                gqa="head_loop") -> Plan:
-    """Plan of :func:`online` (shapes [B, H, S, D]; no data needed; kv_len only shapes nothing here)."""
+                gqa="head_loop", window=None, softcap=None, has_sinks=False) -> Plan:
+    """Plan of :func:`online` (shapes [B, H, S, D]; no data needed; kv_len shapes the walked tiles
+    only with a window; ``softcap`` (a value or None) and ``has_sinks`` add their vector work)."""
     where = "attention.online"
     prof = load_profile(profile)
     B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
     check_pv(pv, where)
     check_gqa(gqa, where)
+    causal, window, left, right = check_window(window, causal, Sq, Skv, where)
+    cap = check_softcap(softcap, where)
+    has_sinks = bool(has_sinks)
     expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
@@ -227,44 +273,62 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
     gm_read = gm_write = vector_ops = cube_flops = 0
     pv_mode = PV_CODE[pv]
     state_row = (Dv + 2) * 4
-    for qi in range(nq):
-        R = G * min(qt, Sq - qi * qt)
-        per_read = R * D * b
-        per_write = R * Dv * b + (n_t - 1) * R * state_row
-        per_read += (n_t - 1) * R * state_row
+    # (query rows, walked tiles) -> tasks per KV head: the kernel's rule (_walked_tiles) run as Python
+    spans = collections.Counter()
+    if window is None:
+        for qi in range(nq):
+            spans[(G * min(qt, Sq - qi * qt), 0, n_t)] += B
+    else:
+        lens = kv_len_array(kv_len, B, Skv)
+        for bi in range(B):
+            for qi in range(nq):
+                i0, qv = qi * qt, min(qt, Sq - qi * qt)
+                lo = band_keys.py_func(bi, i0, Sq, Skv, lens, left, right)[0]
+                hi = band_keys.py_func(bi, i0 + qv - 1, Sq, Skv, lens, left, right)[1]
+                spans[(G * qv, *tile_span.py_func(int(lo), int(hi), kv_tile))] += 1
+    for (R, t0, t1), count in spans.items():
+        walked = max(t1 - t0, 1) - 1  # tiles after the first: each reads and writes the state once
+        per_read = R * D * b + walked * R * state_row
+        per_write = R * Dv * b + walked * R * state_row
         per_vec = R * Dv * FINAL_ELEM_OPS
         per_flops = 0
-        for t in range(n_t):
+        if has_sinks:
+            per_read += R * 4
+            per_vec += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
+        for t in range(t0, t1):
             n = min(kv_tile, Skv - t * kv_tile)
             per_read += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
-            per_vec += tile_vector_ops(R, n, Dv, bool(has_mask), pv_mode)
+            per_vec += tile_vector_ops(R, n, Dv, bool(has_mask), pv_mode, cap)
             per_flops += tile_cube_flops(R, n, D, Dv, pv_mode)
-        gm_read += B * Hkv * per_read
-        gm_write += B * Hkv * per_write
-        vector_ops += B * Hkv * per_vec
-        cube_flops += B * Hkv * per_flops
+        gm_read += count * Hkv * per_read
+        gm_write += count * Hkv * per_write
+        vector_ops += count * Hkv * per_vec
+        cube_flops += count * Hkv * per_flops
     workspace = B * Hq * Sq * state_row if n_t > 1 else 0
     kp = KernelPlan(name="online_softmax", unit="mixed", tasks=B * Hkv * nq, buffers=buffers,
                     gm_read_bytes=gm_read, gm_write_bytes=gm_write, workspace_bytes=workspace,
                     cube_flops=cube_flops, vector_ops=vector_ops)
     return Plan(op="attention", strategy="online", dtype=dtype, profile=prof, kernels=expand + (kp,),
-                params={"kv_tile": kv_tile, "q_tile": qt, "pv": pv, "gqa": gqa}, hint=hint)
+                params={"kv_tile": kv_tile, "q_tile": qt, "pv": pv, "gqa": gqa, "window": window,
+                        "softcap": softcap, "sinks": has_sinks}, hint=hint)
 
 
 @register("attention", "online", plan=plan_online,
           summary="online softmax over KV tiles, state in GM workspace (PyPTO decode)")
 def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
-           kv_tile=None, q_tile=None, pv="storage", profile=None):
+           kv_tile=None, q_tile=None, pv="storage", window=None, softcap=None, sinks=None, profile=None):
     """Attention by online softmax over ``kv_tile`` KV tiles (see the module docstring).
 
     ``pv``: "storage" rounds P to the storage dtype before P@V (the NPU), "compensated" adds a
     second P@V with the rounding residual (summed in fp32), "fp32" keeps P in fp32.
+    ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`.
     """
     where = "attention.online"
     a, p = prepare(where, q, k, v, profile, lambda a: plan_online(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, kv_tile=kv_tile, q_tile=q_tile, pv=pv,
-        causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa),
-        scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, options=(kv_tile, q_tile, pv))
+        causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
+        scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
+        sinks=sinks, options=(kv_tile, q_tile, pv))
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
     out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
     with Launch(p, a.shapes) as run:
@@ -283,8 +347,9 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
         msb, msh, msi, msj = a.mask_strides
         kt = packed_keys(kk, kvt, Rmax)
         with cube.dynamic_tasks(1):
-            counted = _online_kernel(a.q.kview, kk, vk, out_k, a.kv_len, a.causal, a.scale,
-                                     a.has_mask, a.mask_flat, msb, msh, msi, msj, qt, qg, kvt,
+            counted = _online_kernel(a.q.kview, kk, vk, out_k, a.kv_len, a.causal, a.left, a.right,
+                                     a.scale, a.softcap, a.has_mask, a.mask_flat, msb, msh, msi, msj,
+                                     a.has_sinks, a.sinks, qt, qg, kvt,
                                      PV_CODE[p.params["pv"]], kt, scratch, layout.bounds,
                                      ws_m, ws_l, ws_o)
         run.count(counted, workspace_bytes=p.kernels[-1].workspace_bytes)

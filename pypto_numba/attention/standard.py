@@ -4,9 +4,9 @@ Three kernels (b = itemsize, rows = B*Hq*Sq, nq query tiles per (batch, KV head)
 
     scores   cube,   tasks B*Hkv: S = Q K^T (fp32) -> GM workspace
              read Q rows*D*b + K nq*B*Hkv*Skv*D*b (re-read per query tile), write rows*Skv*4
-    softmax  vector, tasks rows (one whole score row in UB): scale, mask, max, exp, sum, divide,
-             P in the storage dtype -> GM workspace
-             read rows*Skv*4 [+ mask rows*Skv*4], write rows*Skv*b
+    softmax  vector, tasks rows (one whole score row in UB): scale, [soft-cap,] mask, max, exp,
+             sum [+ the sink column], divide, P in the storage dtype -> GM workspace
+             read rows*Skv*4 [+ mask rows*Skv*4] [+ sinks rows*4], write rows*Skv*b
     pv       cube,   tasks B*Hkv: O = P V (fp32 accumulation), one cast
              read P rows*Skv*b + V nq*B*Hkv*Skv*Dv*b, write rows*Dv*b
     workspace  rows*Skv*(4 + b)
@@ -33,6 +33,7 @@ from ..machine.plan import KernelPlan, Plan
 from ..machine.profile import load_profile
 from ..machine.scratch import Regions
 from ..machine.vmath import exp as vexp
+from ..machine.vmath import tanh as vtanh
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
 from .plans import cube_buffers, ub_tile
@@ -40,15 +41,17 @@ from .tiles import (
     GEMM_MIN_ROWS,
     NEG_INF,
     RES_SLOTS,
-    allowed_keys,
+    SOFTCAP_OPS,
+    key_range,
     load_q_block,
     packed_keys,
     tile_pv,
     tile_scores,
 )
-from .validation import check_gqa, prepare, shapes_of
+from .validation import check_gqa, check_softcap, check_window, prepare, shapes_of
 
 ROW_OPS = 7  # per score element: scale, max, sub, exp, sum, divide, cast (+1 with a mask)
+SINK_OPS = 4  # per row with a sink: max, sub, exp, add to the sum
 CHUNK = 128  # keys per cube step of the two matmul kernels
 Q_ROWS = 128  # rows of the [G*qt, D] block per cube step (qt = Q_ROWS // G query positions)
 
@@ -114,9 +117,12 @@ def _scores_kernel(q, k, s_ws, qt, kt, scratch, scratch_at):
 
 
 @kernel
-def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh, msi, msj):
+def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has_mask, mask, msb, msh, msi,
+                    msj, has_sinks, sinks):
     """P = softmax(S*scale + mask) per whole score row, rounded to ``p_ws``'s storage dtype
-    (``mask``: flat fp32 with element strides msb, msh, msi, msj)."""
+    (``mask``: flat fp32 with element strides msb, msh, msi, msj) over the row's allowed keys
+    (tiles.key_range; ``left``/``right``: the window); ``softcap`` > 0 caps ``S*scale`` first,
+    ``sinks[h]`` joins the max and the sum as a column with no value."""
     B, Hq, Sq, Skv = s_ws.shape
     b_sz = p_ws.itemsize
     tasks = 0
@@ -128,33 +134,50 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
         rem = row - b * (Hq * Sq)
         h = rem // Sq
         i = rem - h * Sq
-        c = allowed_keys(b, i, Sq, Skv, kv_len, causal)
+        lo, c = key_range(b, i, Sq, Skv, kv_len, causal, left, right)
+        ul = np.uint64(lo)
+        uc = np.uint64(c)
         srow = s_ws[b, h, i]
         prow = p_ws[b, h, i]
         m = NEG_INF
         mbase = b * msb + h * msh + i * msi
-        for j in range(c):
-            x = srow[j] * scale
-            if has_mask:
-                x += mask[mbase + j * msj]
-            srow[j] = x
-            m = max(m, x)
+        if softcap > 0:  # Gemma 2's order: scale, cap, then the mask
+            for j in range(lo, c):
+                x = srow[j] * scale
+                x = softcap * vtanh(x / softcap)
+                if has_mask:
+                    x += mask[mbase + j * msj]
+                srow[j] = x
+                m = max(m, x)
+        else:
+            for j in range(lo, c):
+                x = srow[j] * scale
+                if has_mask:
+                    x += mask[mbase + j * msj]
+                srow[j] = x
+                m = max(m, x)
         if m == NEG_INF:  # all allowed scores -inf, or NaN (max skips NaN): NaN propagates
-            for j in range(c):
+            for j in range(ul, uc):
                 if srow[j] != srow[j]:
                     m = np.float32(np.nan)
                     break
+        if has_sinks and m == m:  # the sink column (no value) is in the row max
+            m = max(m, sinks[h])
         if m == NEG_INF:
             for j in range(Skv):
                 prow[j] = dtypes.narrow(prow, np.float32(0.0))
         else:
             total = np.float32(0.0)
-            for j in range(c):
+            for j in range(ul, uc):
                 e = vexp(srow[j] - m)
                 srow[j] = e
                 total += e
+            if has_sinks:
+                total += vexp(sinks[h] - m)
             inv = np.float32(1.0) / total
-            for j in range(c):
+            for j in range(ul):  # keys before the window's left edge
+                prow[j] = dtypes.narrow(prow, np.float32(0.0))
+            for j in range(ul, uc):
                 prow[j] = dtypes.narrow(prow, srow[j] * inv)
             for j in range(c, Skv):
                 prow[j] = dtypes.narrow(prow, np.float32(0.0))
@@ -162,13 +185,16 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, scale, has_mask, mask, msb, msh,
         if has_mask:
             gm_read += Skv * 4
         gm_write += Skv * b_sz
-        vector_ops += Skv * (ROW_OPS + (1 if has_mask else 0))
+        vector_ops += Skv * (ROW_OPS + (1 if has_mask else 0) + (SOFTCAP_OPS if softcap > 0 else 0))
+        if has_sinks:
+            gm_read += 4
+            vector_ops += SINK_OPS
         tasks += 1
     return tasks, gm_read, gm_write, vector_ops, 0
 
 
 @kernel
-def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch, scratch_at):
+def _pv_kernel(p_ws, v, out, kv_len, causal, left, right, qt, scratch, scratch_at):
     """out = P V (fp32 accumulation over CHUNK-key steps, one cast), one task per (batch, KV
     head) (``scratch_at``: :func:`pv_layout`)."""
     B, Hq, Sq, Skv = p_ws.shape
@@ -203,7 +229,7 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch, scratch_at):
             # keys past the block's allowed prefix have P = 0 and V there may be anything (a
             # cache slot past kv_len): the matmul stops at the prefix (the traffic is counted
             # as the whole-row kernel's)
-            lim = allowed_keys(b, i0 + qv - 1, Sq, Skv, kv_len, causal)
+            lim = key_range(b, i0 + qv - 1, Sq, Skv, kv_len, causal, left, right)[1]
             for j0 in range(0, Skv, CHUNK):
                 n = min(CHUNK, Skv - j0)
                 for r in range(R):
@@ -235,12 +261,17 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, qt, scratch, scratch_at):
 
 @memo_plan
 def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, causal=False,
-                  kv_len=None, has_mask=False, gqa="head_loop") -> Plan:
-    """Plan of :func:`standard`; TileError when a whole score row does not fit UB."""
+                  kv_len=None, has_mask=False, gqa="head_loop", window=None, softcap=None,
+                  has_sinks=False) -> Plan:
+    """Plan of :func:`standard`; TileError when a whole score row does not fit UB. Whole rows:
+    a ``window`` masks keys but reads and writes every score; ``softcap`` (a value or None) and
+    ``has_sinks`` add their vector work."""
     where = "attention.standard"
     prof = load_profile(profile)
     B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
     check_gqa(gqa, where)
+    causal, window, _, _ = check_window(window, causal, Sq, Skv, where)
+    cap = check_softcap(softcap, where)
     expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
@@ -281,27 +312,35 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
                     gm_write_bytes=rows * Skv * 4, workspace_bytes=rows * Skv * 4,
                     cube_flops=2 * rows * Skv * D)
     k2 = KernelPlan(name="softmax", unit="vector", tasks=rows, buffers=tuple(row_ub),
-                    gm_read_bytes=rows * Skv * 4 * (2 if has_mask else 1),
+                    gm_read_bytes=rows * Skv * 4 * (2 if has_mask else 1) + (rows * 4 if has_sinks else 0),
                     gm_write_bytes=rows * Skv * b, workspace_bytes=rows * Skv * b,
-                    vector_ops=rows * Skv * (ROW_OPS + (1 if has_mask else 0)))
+                    vector_ops=rows * Skv * (ROW_OPS + (1 if has_mask else 0) + (SOFTCAP_OPS if cap > 0 else 0))
+                    + (rows * SINK_OPS if has_sinks else 0))
     k3 = KernelPlan(name="pv", unit="cube", tasks=B * Hkv,
                     buffers=pv + (ub_tile("o_ub", Rmax, Dv, "fp32", prof),),
                     gm_read_bytes=rows * Skv * b + nq * B * Hkv * Skv * Dv * b,
                     gm_write_bytes=rows * Dv * b, cube_flops=2 * rows * Skv * Dv,
                     vector_ops=rows * Dv)
     return Plan(op="attention", strategy="standard", dtype=dtype, profile=prof,
-                kernels=expand + (k1, k2, k3), params={"q_tile": qt, "gqa": gqa}, hint=hint)
+                kernels=expand + (k1, k2, k3),
+                params={"q_tile": qt, "gqa": gqa, "window": window, "softcap": softcap, "sinks": bool(has_sinks)},
+                hint=hint)
 
 
 @register("attention", "standard", plan=plan_standard,
           summary="whole-row softmax, scores and P in GM workspace (3 kernels)")
-def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", profile=None):
-    """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V."""
+def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", window=None,
+             softcap=None, sinks=None, profile=None):
+    """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V.
+
+    ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`.
+    """
     where = "attention.standard"
     a, p = prepare(where, q, k, v, profile, lambda a: plan_standard(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, causal=a.causal, kv_len=a.kv_len,
-        has_mask=a.has_mask, gqa=a.gqa),
-        scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
+        has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
+        scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
+        sinks=sinks)
     qt = p.params["q_tile"]
     out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
     with Launch(p, a.shapes) as run:
@@ -317,11 +356,12 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
             run.count(_scores_kernel(a.q.kview, kk, s_ws, qt, kt, sc1, scores_at.bounds),
                       workspace_bytes=s_ws.nbytes)
         msb, msh, msi, msj = a.mask_strides
-        run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.scale, a.has_mask,
-                                  a.mask_flat, msb, msh, msi, msj), workspace_bytes=p_ws.nbytes)
+        run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.left, a.right, a.scale, a.softcap,
+                                  a.has_mask, a.mask_flat, msb, msh, msi, msj, a.has_sinks, a.sinks),
+                  workspace_bytes=p_ws.nbytes)
         pv_at = pv_layout(Rmax, a.Dv)
         sc3 = tile.scratch(pv_at.total, np.float32)
         with cube.dynamic_tasks(1):
-            run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, qt, sc3, pv_at.bounds))
+            run.count(_pv_kernel(p_ws, vk, out_k, a.kv_len, a.causal, a.left, a.right, qt, sc3, pv_at.bounds))
         run.workspace(a.copied_bytes)
     return out

@@ -9,7 +9,9 @@ Per KV tile (the rounding points of the NPU)::
 
     S = Q K^T            fp32 accumulation of storage-dtype operands (cube, L0C)
     S = S*scale + mask   fp32 (vector)
-    m = rowmax(S)        over the allowed keys only (kv_len and causal give an allowed *prefix*)
+    S = c*tanh(S/c)      with ``softcap`` c (Gemma 2: after the scale, before the mask)
+    m = rowmax(S)        over the allowed keys only: a range [lo, hi) of each row (kv_len, causal
+                         and the window's right edge bound hi, the window's left edge lo)
     p = exp(S - m)       fp32; disallowed keys give p = 0
     l = rowsum(p)        fp32, of the unrounded p
     P = round(p)         storage dtype (pv="storage"); "compensated": P_hi + P_lo, two matmuls
@@ -19,6 +21,8 @@ Per KV tile (the rounding points of the NPU)::
 and at the end ``out = O / l`` (0 when ``l == 0``: fully masked rows give zeros, never NaN), cast
 once to the storage dtype. A row whose tile has no allowed key (or whose keys are all ``-inf``
 after the mask) contributes ``m = -inf, l = 0, O = 0`` and the merge leaves the state unchanged.
+Attention sinks (one logit per query head, no value) join the state once, after the last tile
+(:func:`merge_sink`), so they are in the row max, the sum and the lse, and never in P @ V.
 
 Decode-shaped tiles (few rows) use hand-written loops that stream K and V once with the G rows
 reusing each K/V row from L1 (QK^T: blocks of 4 rows x 4 keys, :func:`machine.cube.dot4x4`, 16
@@ -46,6 +50,7 @@ from ..machine.tile import aligned_empty, prefetch_row
 from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
 from ..machine.vmath import rowmax as vrowmax  # the vector unit's row max (skips NaN)
 from ..machine.vmath import softmax_exp as vsoftmax_exp  # exp(s - m) -> P, and its sum
+from ..machine.vmath import tanh as vtanh  # the vector unit's tanh (soft-capping)
 
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows (prefill) use cube.outer_rows for QK^T and PV
 PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
@@ -66,6 +71,11 @@ MERGE_ROW_OPS = 8
 MERGE_ELEM_OPS = 3
 # per output row: divide by l and cast (per element)
 FINAL_ELEM_OPS = 2
+# per (row, key) of a processed tile with soft-capping: divide, tanh, multiply
+SOFTCAP_OPS = 3
+# the sink joins a row's state like a tile (MERGE_ROW_OPS), and scales its output (1 per element)
+SINK_ROW_OPS = MERGE_ROW_OPS
+SINK_ELEM_OPS = 1
 
 
 @device
@@ -248,13 +258,37 @@ def tile_pv(p, R, n, v, b, h, j0, o, use_gemm, nmax):
 
 
 @device
-def allowed_keys(b, i, Sq, Skv, kv_len, causal):
-    """Number of keys query position i of batch b may attend: keys 0 .. result-1 (a prefix)."""
+def key_range(b, i, Sq, Skv, kv_len, causal, left, right):
+    """Keys ``[lo, hi)`` query position i of batch b may attend (``0 <= lo <= hi <= Skv``).
+
+    On the bottom-right diagonal ``i' = i + kv_len[b] - Sq``: keys below kv_len, ``j <= i'`` when
+    causal, and the window band ``-right <= i' - j <= left``. No window: ``left = right = Skv + Sq``
+    (validation.check_window), which bounds nothing, so ``lo = 0``.
+    """
     kvl = kv_len[b]
-    lim = kvl
+    ip = i + kvl - Sq
+    hi = min(kvl, ip + right + 1)
     if causal:
-        lim = min(kvl, i + kvl - Sq + 1)
-    return max(min(lim, Skv), 0)
+        hi = min(hi, ip + 1)
+    hi = max(min(hi, Skv), 0)
+    return min(max(ip - left, 0), hi), hi
+
+
+@device
+def band_keys(b, i, Sq, Skv, kv_len, left, right):
+    """Keys ``[lo, hi)`` of the window band of query position i alone (kv_len and causal not
+    applied): what ``online`` skips outside; all of ``[0, Skv)`` without a window."""
+    ip = i + kv_len[b] - Sq
+    hi = max(min(ip + right + 1, Skv), 0)
+    return min(max(ip - left, 0), hi), hi
+
+
+@device
+def tile_span(lo, hi, kv_tile):
+    """The KV tiles ``[t0, t1)`` holding keys ``[lo, hi)``; ``(0, 0)`` for an empty range."""
+    if hi <= lo:
+        return 0, 0
+    return lo // kv_tile, (hi + kv_tile - 1) // kv_tile
 
 
 @device
@@ -272,7 +306,10 @@ def tile_softmax(
     Skv,
     kv_len,
     causal,
+    left,
+    right,
     scale,
+    softcap,
     has_mask,
     mask,
     msb,
@@ -286,7 +323,7 @@ def tile_softmax(
     pv_mode,
     like,
 ):
-    """Scale, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype.
+    """Scale, soft-cap, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype.
 
     Writes ph (and pl only for PV_COMPENSATED, so pl may alias ph otherwise) [R, n], mt[R], lt[R].
     Returns the largest allowed key count in the tile (keys past it have p = 0 in every row).
@@ -296,8 +333,9 @@ def tile_softmax(
     s : the tile's scores [R, n] (flat fp32), scaled and masked in place
     R, n, j0 : block rows, valid keys, the tile's first key
     b, kvh, G, i0, qv : batch, KV head, query heads per KV head, first query position, positions
-    Sq, Skv, kv_len, causal : what decides the allowed keys (:func:`allowed_keys`)
-    scale, has_mask, mask, msb, msh, msi, msj : scale, the flat fp32 mask and its strides
+    Sq, Skv, kv_len, causal, left, right : what decides the allowed keys (:func:`key_range`)
+    scale, softcap : the scale, and the soft-cap c (0: none; else ``c * tanh(s / c)`` after the scale)
+    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its strides
     mt, lt : the tile's row max and row sum (out)
     ph, pl : P, and the rounding residual for PV_COMPENSATED (out)
     pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32
@@ -307,48 +345,65 @@ def tile_softmax(
     # wait on its max's dependent chain (the same operations, so the same bits)
     nmax = 0
     for r in range(R):
-        c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n)
+        lo, c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, left, right, j0, n)
         nmax = max(nmax, c)
         base = np.uint64(r * n)  # the row in the flat tiles (uint64: vectorised loops)
+        ul = np.uint64(lo)
         uc = np.uint64(c)
-        if has_mask:
+        if softcap > 0:  # Gemma 2's order: scale, cap, then the mask
             g = r // qv
             i = i0 + r - g * qv
             mbase = b * msb + (kvh * G + g) * msh + i * msi + j0 * msj
-            for j in range(c):
+            for j in range(lo, c):
+                x = s[base + np.uint64(j)] * scale
+                x = softcap * vtanh(x / softcap)
+                if has_mask:
+                    x += mask[mbase + j * msj]
+                s[base + np.uint64(j)] = x
+        elif has_mask:
+            g = r // qv
+            i = i0 + r - g * qv
+            mbase = b * msb + (kvh * G + g) * msh + i * msi + j0 * msj
+            for j in range(lo, c):
                 s[base + np.uint64(j)] = s[base + np.uint64(j)] * scale + mask[mbase + j * msj]
         else:
-            for j in range(uc):
+            for j in range(ul, uc):
                 s[base + j] = s[base + j] * scale
-        m = vrowmax(s, base, c)
+        m = vrowmax(s, base + ul, c - lo)
         if m == NEG_INF:  # all allowed scores -inf, or NaN (the max skips NaN): NaN propagates
-            for j in range(uc):
+            for j in range(ul, uc):
                 if s[base + j] != s[base + j]:
                     m = np.float32(np.nan)
                     break
         mt[r] = m
     for r in range(R):
-        c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n)
+        lo, c = _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, left, right, j0, n)
         base = np.uint64(r * n)
+        ul = np.uint64(lo)
         uc = np.uint64(c)
         m = mt[r]
         total = np.float32(0.0)
         if m == NEG_INF:  # no allowed key in this tile (or all -inf through the mask)
+            ul = np.uint64(0)
             uc = np.uint64(0)
         elif pv_mode == PV_FP32:  # P in fp32 (s is a float32 array: no rounding)
-            total = vsoftmax_exp(s, base, c, m, ph, s)
+            total = vsoftmax_exp(s, base + ul, c - lo, m, ph, s)
         elif pv_mode == PV_COMPENSATED:  # compensated: P_hi + P_lo, both in the storage dtype
-            total = vsoftmax_exp(s, base, c, m, ph, s)
-            for j in range(uc):
+            total = vsoftmax_exp(s, base + ul, c - lo, m, ph, s)
+            for j in range(ul, uc):
                 e = ph[base + j]
                 hi = dtypes.round_as(like, e)
                 ph[base + j] = hi
                 pl[base + j] = dtypes.round_as(like, e - hi)
         else:
-            total = vsoftmax_exp(s, base, c, m, ph, like)
+            total = vsoftmax_exp(s, base + ul, c - lo, m, ph, like)
+        for j in range(ul):  # keys before the window's left edge
+            ph[base + j] = np.float32(0.0)
         for j in range(uc, np.uint64(n)):
             ph[base + j] = np.float32(0.0)
         if pv_mode == PV_COMPENSATED:
+            for j in range(ul):
+                pl[base + j] = np.float32(0.0)
             for j in range(uc, np.uint64(n)):
                 pl[base + j] = np.float32(0.0)
         lt[r] = total
@@ -356,11 +411,12 @@ def tile_softmax(
 
 
 @device
-def _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, j0, n):
-    """Allowed keys of block row ``r`` inside the tile at ``j0`` (``n`` keys): a prefix, 0 .. n."""
+def _tile_keys(r, qv, i0, b, Sq, Skv, kv_len, causal, left, right, j0, n):
+    """Allowed keys ``[lo, c)`` of block row ``r`` in the tile at ``j0`` (``n`` keys), 0 <= lo <= c <= n."""
     i = i0 + r - (r // qv) * qv
-    c = allowed_keys(b, i, Sq, Skv, kv_len, causal) - j0
-    return max(min(c, n), 0)
+    lo, hi = key_range(b, i, Sq, Skv, kv_len, causal, left, right)
+    c = max(min(hi - j0, n), 0)
+    return min(max(lo - j0, 0), c), c
 
 
 @device
@@ -379,6 +435,32 @@ def merge_state(ms, ls, os, mt, lt, ot, R, Dv):
         base = np.uint64(r * Dv)
         for d in range(np.uint64(Dv)):
             os[base + d] = a * os[base + d] + c * ot[base + d]
+
+
+@device
+def merge_sink(ms, ls, os, R, Dv, sinks, kvh, G, qv):
+    """The sink of each row's query head (``sinks[kvh*G + g]``, a logit with no value) joins the
+    state as one more softmax column: ``m' = max(m, sink)``, ``l' = exp(m - m') l + exp(sink - m')``,
+    ``O' = exp(m - m') O``. A row without keys becomes ``(sink, 1, 0)`` (zeros out, lse = sink);
+    a NaN row stays NaN."""
+    for r in range(R):
+        sk = sinks[kvh * G + r // qv]
+        m = ms[r]
+        if m != m:
+            continue
+        base = np.uint64(r * Dv)
+        if m == NEG_INF:  # O may hold 0 * inf from a V row other rows attend: the row is zeros
+            ms[r] = sk
+            ls[r] = np.float32(1.0)
+            for d in range(np.uint64(Dv)):
+                os[base + d] = np.float32(0.0)
+            continue
+        m_new = max(m, sk)
+        a = vexp(m - m_new)
+        ls[r] = a * ls[r] + vexp(sk - m_new)
+        ms[r] = m_new
+        for d in range(np.uint64(Dv)):
+            os[base + d] = a * os[base + d]
 
 
 @device
@@ -423,9 +505,10 @@ def write_lse(ms, ls, R, lse, b, kvh, G, i0, qv):
 
 
 @device
-def tile_vector_ops(R, n, Dv, has_mask, pv_mode):
-    """Vector element-ops of one processed tile (softmax pieces + merge)."""
-    per = TILE_OPS + (1 if has_mask else 0) + (2 if pv_mode == PV_COMPENSATED else 0)
+def tile_vector_ops(R, n, Dv, has_mask, pv_mode, softcap):
+    """Vector element-ops of one processed tile (softmax pieces + merge; ``softcap`` > 0: capped)."""
+    per = (TILE_OPS + (1 if has_mask else 0) + (2 if pv_mode == PV_COMPENSATED else 0)
+           + (SOFTCAP_OPS if softcap > 0 else 0))
     merge = MERGE_ROW_OPS + (MERGE_ELEM_OPS + (1 if pv_mode == PV_COMPENSATED else 0)) * Dv
     return R * n * per + R * merge
 

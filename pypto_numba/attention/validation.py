@@ -23,11 +23,16 @@ class Args:
 
     __slots__ = ("q", "k", "v", "dtype", "B", "Hq", "Hkv", "Sq", "Skv", "D", "Dv", "G", "scale",
                  "causal", "kv_len", "kv_len_given", "has_mask", "mask_flat", "mask_strides", "gqa",
-                 "copied_bytes")
+                 "window", "left", "right", "softcap", "has_sinks", "sinks", "copied_bytes")
 
     @property
     def shapes(self):
         return (self.q.shape, self.k.shape, self.v.shape)
+
+    def plan_options(self) -> dict:
+        """The window, soft-cap and sink options as the plans take them."""
+        return {"window": self.window, "softcap": float(self.softcap) if self.softcap > 0 else None,
+                "has_sinks": self.has_sinks}
 
     def with_arrays(self, q, k, v) -> "Args":
         """These arguments for other q, k, v of the same shapes, strides and dtypes (contiguous)."""
@@ -43,24 +48,41 @@ class Args:
 _CALLS = CallMemo()
 
 
-def _full(where, q, k, v, plan, scale, causal, kv_len, mask, gqa):
-    a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa)
+def _full(where, q, k, v, plan, scale, causal, kv_len, mask, gqa, window, softcap, sinks):
+    a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa,
+                 window=window, softcap=softcap, sinks=sinks)
     return (a, plan(a)), a, a.copied_bytes
 
 
-def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, options=()):
+def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, window=None, softcap=None,
+            sinks=None, options=()):
     """-> (:class:`Args`, plan) of a call: validated in full (``plan(args)`` builds the plan), or,
     for a call with the signature of an earlier one, that call's with this call's arrays.
 
-    The signature: q, k, v by shape, strides and dtype, the options and ``kv_len`` by value, the
-    profile. A call with a ``mask`` (data) or a non-contiguous input (copied) keeps nothing."""
-    key = None if mask is not None else _CALLS.key(profile, (q, k, v), (where, scale, causal, kv_len, gqa, options))
+    The signature: q, k, v by shape, strides and dtype, the options, ``kv_len`` and ``sinks`` by
+    value, the profile. A call with a ``mask`` (data) or a non-contiguous input (copied) keeps nothing."""
+    key = None if mask is not None else _CALLS.key(
+        profile, (q, k, v), (where, scale, causal, kv_len, gqa, window, softcap, sinks, options))
 
-    (a, p), fresh, _ = _CALLS.through(key, _full, where, q, k, v, plan, scale, causal, kv_len, mask, gqa)
+    (a, p), fresh, _ = _CALLS.through(key, _full, where, q, k, v, plan, scale, causal, kv_len, mask, gqa,
+                                      window, softcap, sinks)
     return (a if fresh is not None else a.with_arrays(q, k, v)), p
 
 
-def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop") -> Args:
+def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
+             window=None, softcap=None, sinks=None) -> Args:
+    """The checked arguments of an attention call.
+
+    Options beyond the shared ones (API.md):
+
+    - ``window``: ``(left, right)`` ints >= 0 allow key j of query i iff ``-right <= i' - j <= left``,
+      ``i' = i + kv_len - Sq`` (bottom-right aligned, like ``causal``; flash-attn's
+      ``window_size``); an int ``W >= 1`` means ``(W - 1, 0)`` and implies ``causal``;
+    - ``softcap``: a finite ``c > 0``: scores become ``c * tanh(s / c)`` after the scale, before
+      the masks (Gemma 2);
+    - ``sinks``: float32 ``[Hq]``, one logit per query head joining every row's softmax as a
+      column with no value (not scaled, not capped; in the row max and the lse; gpt-oss).
+    """
     a = Args()
     qt = inputs.tensor(q, "q", where, min_rank=4, max_rank=4)
     kt = inputs.tensor(k, "k", where, min_rank=4, max_rank=4)
@@ -85,11 +107,79 @@ def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None
     a.scale = check_scale(scale, D, where)
     if not isinstance(causal, (bool, np.bool_)):
         raise ConstraintError(f"{where}: causal must be True or False, got {causal!r}")
-    a.causal = bool(causal)
+    a.causal, a.window, a.left, a.right = check_window(window, bool(causal), Sq, Skv, where)
     a.kv_len, a.kv_len_given = check_kv_len(kv_len, B, Skv, where)
     a.has_mask, a.mask_flat, a.mask_strides = check_mask(mask, (B, Hq, Sq, Skv), where)
     a.gqa = check_gqa(gqa, where)
+    a.softcap = check_softcap(softcap, where)
+    a.has_sinks, a.sinks = check_sinks(sinks, Hq, where)
     return a
+
+
+def _is_int(x):
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def check_window(window, causal, Sq, Skv, where):
+    """-> (causal, (left, right) or None, left, right): the window as the kernels take it.
+
+    ``window=W`` is ``(W - 1, 0)`` and sets causal. Bounds are clamped to ``Skv + Sq``, beyond
+    which they bound nothing; no window is ``left = right = Skv + Sq`` (tiles.key_range)."""
+    big = Skv + Sq
+    if window is None:
+        return causal, None, big, big
+    how = ("window=W (an int >= 1: the W most recent keys, the query's own position included) or "
+           "window=(left, right) (ints >= 0: keys before and after the diagonal)")
+    if _is_int(window):
+        if window < 1:
+            raise ConstraintError(f"{where}: window={int(window)} must be >= 1; use {how}, or window=None for none")
+        left, right, causal = int(window) - 1, 0, True
+    elif isinstance(window, (tuple, list)) and len(window) == 2:
+        for side, x in zip(("left", "right"), window):
+            if not _is_int(x):
+                raise ConstraintError(f"{where}: window {side} must be an int >= 0, got {x!r} "
+                                      f"({type(x).__name__}); use {how}")
+            if x < 0:
+                raise ConstraintError(f"{where}: window {side} = {int(x)} is negative; bounds must be >= 0 "
+                                      f"(for no bound on one side pass a bound >= Skv, e.g. {big}); use {how}")
+        left, right = int(window[0]), int(window[1])
+    else:
+        raise ConstraintError(f"{where}: window must be an int W >= 1 or a (left, right) pair of ints >= 0, "
+                              f"got {window!r}; use {how}")
+    left, right = min(left, big), min(right, big)
+    return bool(causal), (left, right), left, right
+
+
+def check_softcap(softcap, where):
+    """-> float32 c (0: no soft-capping)."""
+    if softcap is None:
+        return np.float32(0.0)
+    ok = (not isinstance(softcap, (bool, np.bool_)) and isinstance(softcap, numbers.Real)
+          and math.isfinite(softcap) and 0 < softcap <= float(np.finfo(np.float32).max))
+    if not ok or not np.float32(softcap) > 0:  # a positive value below float32's range is 0 there
+        raise ConstraintError(f"{where}: softcap must be a finite number > 0 within float32 "
+                              f"(Gemma 2 uses 50.0), got {softcap!r}; pass softcap=None for no capping")
+    return np.float32(softcap)
+
+
+def check_sinks(sinks, Hq, where):
+    """-> (has_sinks, float32 array [Hq] (a copy; one zero when absent))."""
+    if sinks is None:
+        return False, np.zeros(1, np.float32)
+    if not isinstance(sinks, np.ndarray):
+        raise DTypeError(f"{where}: sinks must be a numpy float32 array [Hq], got "
+                         f"{type(sinks).__name__}; convert with numpy.asarray(sinks, numpy.float32)")
+    if sinks.dtype != np.float32:
+        raise DTypeError(f"{where}: sinks must be float32 [Hq] (one logit per query head), got dtype "
+                         f"{sinks.dtype}; convert with sinks.astype(numpy.float32)")
+    if sinks.shape != (Hq,):
+        raise ShapeError(f"{where}: sinks must have shape [Hq] = ({Hq},), one logit per query head, "
+                         f"got {sinks.shape}")
+    bad = np.flatnonzero(~np.isfinite(sinks))
+    if bad.size:
+        raise ConstraintError(f"{where}: sinks[{int(bad[0])}] = {sinks[bad[0]]} is not finite; a sink is a "
+                              f"finite logit (a very negative one, e.g. -1e30, mutes it; or pass sinks=None)")
+    return True, np.array(sinks, dtype=np.float32)  # a copy: a kept call must not see later writes
 
 
 def check_scale(scale, D, where):

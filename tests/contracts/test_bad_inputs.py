@@ -520,6 +520,56 @@ for _s, _fn in _ATT.items():
     close(f"attention.{_s}-kv-garbage-past-kv_len-prefill", lambda f=_fn: f(_qp, _kpg, _vpg, kv_len=np.array([30])),
           lambda: reference.attention(_qp, _kp, _vp, kv_len=np.array([30])), rtol=1e-5, atol=1e-5)
 
+# window, softcap, sinks: each bad value names the option, the limit and a way out
+_WIN_BAD = (("zero", 0, r"window=0 must be >= 1; use window=W"), ("negative", -3, r"window=-3 must be >= 1"),
+            ("float", 4.0, r"window must be an int W >= 1 or a \(left, right\) pair of ints >= 0, got 4.0"),
+            ("bool", True, r"window must be an int W >= 1 or a \(left, right\) pair"),
+            ("str", "4", r"window must be an int W >= 1 or a \(left, right\) pair"),
+            ("triple", (1, 2, 3), r"window must be an int W >= 1 or a \(left, right\) pair"),
+            ("pair-float", (2.5, 0), r"window left must be an int >= 0, got 2.5 \(float\)"),
+            ("pair-bool", (0, True), r"window right must be an int >= 0, got True \(bool\)"),
+            ("pair-none", (None, 0), r"window left must be an int >= 0, got None"),
+            ("pair-negative-left", (-1, 0), r"window left = -1 is negative; bounds must be >= 0 \(for no bound"),
+            ("pair-negative-right", (2, -1), r"window right = -1 is negative"))
+_CAP_BAD = (("zero", 0.0), ("negative", -30.0), ("nan", float("nan")), ("inf", float("inf")), ("str", "50"),
+            ("bool", True), ("f32-overflow", 1e300))
+_SINK_BAD = (("list", [0.0, 1.0], DTypeError, r"sinks must be a numpy float32 array \[Hq\], got list"),
+             ("float64", np.zeros(2), DTypeError, r"sinks must be float32 \[Hq\].*got dtype float64; convert with sinks.astype"),
+             ("float16", np.zeros(2, np.float16), DTypeError, r"got dtype float16"),
+             ("short", np.zeros(1, F32), ShapeError, r"sinks must have shape \[Hq\] = \(2,\), one logit per query head, got \(1,\)"),
+             ("2d", np.zeros((1, 2), F32), ShapeError, r"sinks must have shape \[Hq\] = \(2,\)"),
+             ("nan", F32([0.0, np.nan]), ConstraintError, r"sinks\[1\] = nan is not finite.*sinks=None"),
+             ("inf", F32([np.inf, 0.0]), ConstraintError, r"sinks\[0\] = inf is not finite"),
+             ("neginf", F32([0.0, -np.inf]), ConstraintError, r"sinks\[1\] = -inf is not finite"))
+_SINKS = F32([0.5, -1.0])
+for _s, _fn in _ATT.items():
+    _p = f"attention.{_s}"
+    for _label, _w, _pat in _WIN_BAD:
+        raises(f"{_p}-window-{_label}", lambda f=_fn, w=_w: f(Q, K, V, window=w), ConstraintError, _pat)
+    for _label, _c in _CAP_BAD:
+        raises(f"{_p}-softcap-{_label}", lambda f=_fn, c=_c: f(Q, K, V, softcap=c), ConstraintError,
+               r"softcap must be a finite number > 0 within float32 \(Gemma 2 uses 50.0\).*softcap=None")
+    for _label, _x, _exc, _pat in _SINK_BAD:
+        raises(f"{_p}-sinks-{_label}", lambda f=_fn, x=_x: f(Q, K, V, sinks=x), _exc, _pat)
+    close(f"{_p}-window-1", lambda f=_fn: f(Q, K, V, window=1), lambda: _att_ref(window=1))  # the diagonal only
+    close(f"{_p}-window-np-int", lambda f=_fn: f(Q, K, V, window=np.int64(3), kv_len=np.array([4])),
+          lambda: _att_ref(window=3, kv_len=[4]))
+    close(f"{_p}-window-huge", lambda f=_fn: f(Q, K, V, window=2**62), lambda: _att_ref(causal=True))
+    equal(f"{_p}-window-pair-huge", lambda f=_fn: f(Q, K, V, window=(2**62, 2**70)), lambda f=_fn: f(Q, K, V))
+    close(f"{_p}-window-pair-zero", lambda f=_fn: f(Q, K, V, window=(0, 0)), lambda: _att_ref(window=(0, 0)))
+    check(f"{_p}-window-kv_len-zero", lambda f=_fn: f(Q, K, V, window=2, kv_len=np.array([0])),
+          lambda out: np.testing.assert_array_equal(out, np.zeros_like(Q)))
+    close(f"{_p}-softcap-tiny", lambda f=_fn: f(Q, K, V, softcap=1e-3), lambda: _att_ref(softcap=1e-3))
+    close(f"{_p}-softcap-np-float32", lambda f=_fn: f(Q, K, V, softcap=np.float32(0.5)), lambda: _att_ref(softcap=0.5))
+    close(f"{_p}-sinks-huge-negative", lambda f=_fn: f(Q, K, V, sinks=F32([-1e30, -1e30])), lambda: _att_ref())  # muted
+    equal(f"{_p}-sinks-strided-view", lambda f=_fn: f(Q, K, V, sinks=F32([0.5, 7.0, -1.0, 7.0])[::2]),
+          lambda f=_fn: f(Q, K, V, sinks=_SINKS))
+    check(f"{_p}-sinks-kv_len-zero", lambda f=_fn: f(Q, K, V, sinks=_SINKS, kv_len=np.array([0])),
+          lambda out: np.testing.assert_array_equal(out, np.zeros_like(Q)))  # the sink alone: no value
+    close(f"{_p}-all-options-with-mask", lambda f=_fn: f(Q, K, V, window=(2, 1), softcap=2.0, sinks=_SINKS,
+                                                           mask=np.float32([0, -1, 0, -np.inf, 2])),
+          lambda: _att_ref(window=(2, 1), softcap=2.0, sinks=_SINKS, mask=np.float32([0, -1, 0, -np.inf, 2])))
+
 raises("attention.online-pv", lambda: attention.online(Q, K, V, pv="fp64"), ConstraintError, r"pv must be one of")
 raises("attention.flash-return_lse", lambda: attention.flash(Q, K, V, return_lse="yes"), ConstraintError,
        r"return_lse must be True or False")
