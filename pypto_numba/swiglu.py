@@ -7,7 +7,8 @@ fp32, as the NPU's exp is fp32-only, npu-facts 1.6; result ``[..., I]`` in the s
     y = cast(silu(gate) * up),   silu(g) = g * sigmoid(g),   sigmoid(g) = 1 / (1 + exp(-g))
 
 ``silu`` is the seed's plan A, ``mul(x, sigmoid(x))`` (npu-facts 1.2), with the sigmoid of the MoE
-ops (``vmath.sigmoid``); ``silu(-inf) = 0``, its limit (the formula gives ``-inf * 0 = nan``). NaN
+ops (``vmath.sigmoid``; ``silu`` and the clamps are written once, in ``machine/cube/epilogue.py``,
+for these kernels and the cube epilogue); ``silu(-inf) = 0``, its limit (the formula gives ``-inf * 0 = nan``). NaN
 in gate or up gives NaN, also through the clamp (as torch's ``clamp``).
 
 The clamp (``limit=``, a finite number > 0, held in fp32) is the one of DeepSeek-V4's experts
@@ -29,6 +30,9 @@ Strategies (n = N*I result elements, b = itemsize of the storage dtype)::
 
     swiglu.separate  2 vector kernels (silu, then mul), GM read 3*n*b, write 2*n*b, workspace n*b
     swiglu.fused     1 vector kernel,                   GM read 2*n*b, write n*b
+    swiglu.epilogue  = linear.gate_up_swiglu(x, w_gate, w_up): the gate and up projections in one
+                     mixed cube kernel, the activation in its epilogue; gate and up never reach
+                     GM (its own inputs: x[..., K] and the two [I, K] weights; see linear.py)
 
 ``separate`` is the two-kernel pipeline: the silu kernel writes ``h = cast(silu(gate))`` to GM (a
 workspace of the storage dtype), the mul kernel reads it back: ``y = cast(h * up)``, two roundings
@@ -61,6 +65,7 @@ from numba import prange
 from . import inputs
 from .errors import ConstraintError, DTypeError, ShapeError
 from .machine import dtypes, tile as tiles, vmath
+from .machine.cube.epilogue import clamp_gate as _clamp_gate, clamp_up as _clamp_up, silu as _silu
 from .machine.jit import device, kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
@@ -71,7 +76,6 @@ SILU_OPS = 5  # neg, exp, +1, reciprocal (the sigmoid, as moe's), * gate
 MUL_OPS = 1  # silu(gate) * up
 GATE_CLAMP_OPS = 1  # min(gate, limit)
 UP_CLAMP_OPS = 2  # max(up, -limit), min(., limit)
-NEG_INF = np.float32(-np.inf)
 STRATEGIES = ("separate", "fused")
 
 # Elementwise kernels need no reassociation (no reductions): ``contract`` only, so that the fp32
@@ -85,26 +89,6 @@ FUSED, SILU, MUL = 0, 1, 2  # the kernel's ``mode``: what one tile task computes
 # ---------------------------------------------------------------------------------------------
 # kernels: one prange iteration = one [rows, cols] UB tile (a pypto.loop iteration on an AI
 # vector core); offsets are uint64 (machine/jit.py)
-
-
-@_dev
-def _silu(g):
-    """``g * sigmoid(g)`` in fp32; ``silu(-inf) = 0``, the limit (the formula gives -inf * 0 = nan)."""
-    h = g * vmath.sigmoid(g)
-    return np.float32(0.0) if g == NEG_INF else h
-
-
-@_dev
-def _clamp_gate(g, lim):
-    """``min(g, lim)``, torch's ``clamp(max=lim)``: NaN stays NaN; ``lim = +inf`` is no clamp."""
-    return lim if g > lim else g
-
-
-@_dev
-def _clamp_up(u, lim):
-    """``u`` clamped to ``[-lim, lim]``, torch's ``clamp(-lim, lim)``: NaN stays NaN."""
-    u = lim if u > lim else u
-    return -lim if u < -lim else u
 
 
 @_dev
@@ -445,6 +429,10 @@ def fused(x, up=None, *, limit=None, profile=None, tile=None, out=None):
     return _call("fused", x, up, limit, profile, tile, out)
 
 
+# the third strategy lives with the cube walk it extends (linear.py), registered as swiglu.epilogue
+from .linear import gate_up_swiglu as epilogue, plan_gate_up_swiglu as plan_epilogue  # noqa: E402
+
+
 # --- lab spec ---
 # What compare, advise and report need to know about swiglu (pypto_numba/lab/spec.py).
 
@@ -470,14 +458,25 @@ def reference(x, up=None, limit=None):
         return h * u
 
 
-def _advise(profile, tokens=16, intermediate=6144, dtype="bf16", limit=None):
+def _advise(profile, tokens=16, intermediate=6144, dtype="bf16", limit=None, hidden=None):
     from .lab import Candidate
+    from .linear import plan_fused_bias
 
     shape = (tokens, intermediate)
-    cands = [Candidate("separate", lambda: (plan_separate(shape, dtype, limit=limit, profile=profile),), fused=False),
-             Candidate("fused", lambda: (plan_fused(shape, dtype, limit=limit, profile=profile),))]
+    sep = lambda: (plan_separate(shape, dtype, limit=limit, profile=profile),)  # noqa: E731
+    fus = lambda: (plan_fused(shape, dtype, limit=limit, profile=profile),)  # noqa: E731
     notes = ["separate writes silu(gate) to GM and reads it back: one kernel and 2*tokens*intermediate*b GM bytes "
              "more than fused, and in bf16/fp16 one more rounding"]
+    if hidden is None:
+        notes.append("the activation alone (pass hidden= to price the gate/up projections and swiglu.epilogue)")
+        return [Candidate("separate", sep, fused=False), Candidate("fused", fus)], "fused", notes
+    xs, ws = (tokens, hidden), (intermediate, hidden)
+    proj = lambda: 2 * (plan_fused_bias(xs, ws, dtype, bias=False, profile=profile),)  # noqa: E731
+    cands = [Candidate("separate", lambda: proj() + sep(), fused=False),
+             Candidate("fused", lambda: proj() + fus(), fused=False),
+             Candidate("epilogue", lambda: (plan_epilogue(xs, ws, dtype, limit=limit, profile=profile),))]
+    notes.append(f"with hidden={hidden}: separate and fused include the two projections (linear.fused_bias, "
+                 "gate and up written to GM); epilogue keeps both in L0C and writes only the result")
     return cands, "fused", notes
 
 
@@ -486,6 +485,14 @@ def _make(shape, dtype, rng):
     from .lab import normal
 
     return normal(shape, dtype, rng, 3.0), normal(shape, dtype, rng)
+
+
+def _variants():
+    """compare's rows on (gate, up): separate and fused (epilogue takes x and the weights instead)."""
+    from .lab import Variant
+
+    ref = lambda gate, up, limit=None, **o: reference(gate, up, limit)  # noqa: E731
+    return [Variant("separate", separate, ref), Variant("fused", fused, ref, True)]
 
 
 def _lab_spec():
@@ -497,7 +504,7 @@ def _lab_spec():
                   "the seed's SwiGLU row: silu(gate) * up as one expression, mul(mul(gate, sigmoid(gate)), up) "
                   "(npu-facts 1.2); fused runs it as one vector kernel, separate as a silu and a mul kernel"),
         inputs=Inputs(make=_make, default_shape=(64, 6144), help="gate/up shape [..., I], e.g. 64,6144"),
-        reference=lambda x, up=None, *, strategy=None, limit=None, **o: reference(x, up, limit),
+        variants=_variants,
         advise=_advise,
         oracles={"swiglu": reference},
     )

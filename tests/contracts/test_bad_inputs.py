@@ -381,6 +381,28 @@ for _v, _fn in (("separate", swiglu.separate), ("fused", swiglu.fused)):
            r"gate has 2147549184 elements, more than PyPTO's INT32_MAX")
     raises(f"{_p}-plan-limit", lambda v=_v: getattr(swiglu, f"plan_{v}")((4, 37), limit=0), ConstraintError, r"limit must be")
 
+# swiglu.epilogue = linear.gate_up_swiglu(x[..., K], w_gate[I, K], w_up[I, K])
+_EX, _EG, _EU = _normal((5, 24)), _normal((12, 24), scale=0.3), _normal((12, 24), scale=0.3)
+_p = "swiglu.epilogue"
+_tensor_cases(_p, "x", _EX, lambda a: swiglu.epilogue(a, _EG, _EU), rank_bad=np.float32(1.0), zero_shape=(0, 24))
+_tensor_cases(_p, "w_gate", _EG, lambda a: swiglu.epilogue(_EX, a, _EU), rank_bad=_EG[0], zero_shape=(0, 24))
+_tensor_cases(_p, "w_up", _EU, lambda a: swiglu.epilogue(_EX, _EG, a), rank_bad=_EU[0], zero_shape=(0, 24))
+raises(f"{_p}-w_up-shape", lambda: swiglu.epilogue(_EX, _EG, _EU[:11]), ShapeError, r"w_up must have w_gate's shape \(12, 24\)")
+raises(f"{_p}-x-K", lambda: swiglu.epilogue(_EX[:, :23].copy(), _EG, _EU), ShapeError, r"x has K = 23 .* weight \(12, 24\) has K = 24")
+raises(f"{_p}-dtype-mix", lambda: swiglu.epilogue(_EX, _EG, _EU.astype(BF16)), DTypeError,
+       r"inputs must share one storage dtype, got x=fp32, w_gate=fp32, w_up=bf16")
+for _label, _bad in (("zero", 0.0), ("negative", -1.0), ("nan", float("nan")), ("str", "10"), ("bool", True)):
+    raises(f"{_p}-limit-{_label}", lambda b=_bad: swiglu.epilogue(_EX, _EG, _EU, limit=b), ConstraintError,
+           r"limit must be a finite number > 0 in fp32")
+close(f"{_p}-limit", lambda: swiglu.epilogue(_EX, _EG, _EU, limit=0.5),
+      lambda: reference.swiglu(_EX.astype(np.float64) @ _EG.T.astype(np.float64), _EX.astype(np.float64) @ _EU.T.astype(np.float64), 0.5),
+      rtol=1e-5, atol=1e-6)
+_profile_cases(_p, lambda **kw: swiglu.epilogue(_EX, _EG, _EU, **kw))
+raises(f"{_p}-cube_tiles-shape", lambda: swiglu.epilogue(_EX, _EG, _EU, cube_tiles=(16, 16, 16)), TileError,
+       r"cube_tiles must be \(\(mL0, mL1\)")
+raises(f"{_p}-plan-dtype", lambda: swiglu.plan_epilogue((5, 24), (12, 24), "float64"), DTypeError, r"dtype 'float64'")
+raises(f"{_p}-plan-zero", lambda: swiglu.plan_epilogue((0, 24), (12, 24)), ShapeError, r"zero-size")
+
 # ---------------------------------------------------------------------------------------------
 # rope
 

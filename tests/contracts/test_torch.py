@@ -95,6 +95,8 @@ def _cases():
         "swiglu.separate": (pn.swiglu.separate, lambda rng, dt: ((make((5, 3, 130), dt, rng, 3.0), make((5, 3, 130), dt, rng)),
                                                                  dict(limit=4.0))),
         "swiglu.fused": (pn.swiglu.fused, lambda rng, dt: ((make((37, 2 * 515), dt, rng, 3.0),), {})),
+        "swiglu.epilogue": (pn.swiglu.epilogue, lambda rng, dt: (
+            (make((5, 2, 64), dt, rng), make((40, 64), dt, rng, 0.2), make((40, 64), dt, rng, 0.2)), dict(limit=3.0))),
     }
     for fn in ("standard", "online", "flash"):
         f = getattr(pn.attention, fn)

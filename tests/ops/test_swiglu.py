@@ -272,3 +272,59 @@ def test_advise_and_compare(rng):
     c = pn.compare("swiglu", *swiglu.OP.inputs.make((16, 515), "bf16", rng), repeats=1, limit=10.0)
     assert [r.verdict for r in c.rows] == ["PASS", "PASS"]
     assert pn.reference.swiglu is swiglu.reference
+
+
+# --- swiglu.epilogue = linear.gate_up_swiglu: the gate/up projections with SwiGLU in the epilogue
+
+
+def _mlp(M, K, I, dtype, rng):
+    return make((M, K), dtype, rng), make((I, K), dtype, rng, K**-0.5 * 2), make((I, K), dtype, rng, K**-0.5)
+
+
+@pytest.mark.parametrize("M", [1, 5, 37])
+@pytest.mark.parametrize("limit", [None, 1.5])
+def test_epilogue_oracle_and_cost(M, limit, dtype, rng):
+    x, wg, wu = _mlp(M, 300, 130, dtype, rng)
+    y, rec = run_traced(swiglu.epilogue, x, wg, wu, limit=limit)
+    assert_cost_matches_plan(rec)
+    assert y.shape == (M, 130) and y.dtype == x.dtype and rec.cost.kernels == 1
+    x64 = x.astype(np.float64)
+    gate, up = x64 @ wg.astype(np.float64).T, x64 @ wu.astype(np.float64).T
+    ref = swiglu.reference(gate, up, limit)
+    # fp32 products accumulated over K = 300 (BLAS's order), then one rounding
+    scale = np.abs(gate).max() * np.abs(up).max()
+    err = np.abs(y.astype(np.float64) - ref)
+    assert np.all(err <= 0.5 * ulp(ref, dtype) + 1e-5 * scale), float(err.max())
+    # the same math as fused on the fp32 products, to fp32 sum-order differences
+    near = swiglu.fused(gate.astype(F32), up.astype(F32), limit=limit).astype(x.dtype)
+    assert np.max(np.abs(bits(y).astype(np.int64) - bits(near).astype(np.int64))) <= 1
+
+
+def test_epilogue_plan_counts_and_tiles():
+    p = swiglu.plan_epilogue((2048, 2048), (6144, 2048), "bf16", profile=A2)
+    f = pn.linear.plan_fused_bias((2048, 2048), (6144, 2048), "bf16", bias=False, profile=A2)
+    (_, m1), (_, k1), (_, n1) = A2.tile("linear_cube_tiles")
+    assert (p.params["m1"], p.params["k1"], p.params["n1"]) == (m1, k1, n1)  # bf16: x + 2 weight tiles fit L1
+    k = p.kernels[0]
+    assert k.unit == "mixed" and k.cube_flops == 2 * f.cost.cube_flops
+    # x is read once per column block for both products: one x read fewer than two projections
+    x_reads = 2048 * 2048 * 2 * (6144 // n1)
+    assert 2 * f.cost.gm_read_bytes - k.gm_read_bytes == x_reads
+    assert k.gm_write_bytes == 2048 * 6144 * 2 and p.cost.workspace_bytes == 0
+    assert p.cost.l0c_peak_bytes == 2 * 128 * 128 * 4
+    p32 = swiglu.plan_epilogue((2048, 2048), (6144, 2048), "fp32", profile=A2)
+    assert p32.params["k1"] == k1 // 2  # fp32: kL1 halved until x and both weight tiles fit L1
+    with pytest.raises(TileError, match=r"L0C|L1"):
+        swiglu.plan_epilogue((64, 256), (512, 256), "fp32", cube_tiles=((128, 256), (64, 256), (128, 256)))
+
+
+def test_epilogue_bad_inputs(rng):
+    x, wg, wu = _mlp(4, 64, 32, "fp32", rng)
+    with pytest.raises(ShapeError, match=r"w_up must have w_gate's shape \(32, 64\), got \(31, 64\)"):
+        swiglu.epilogue(x, wg, wu[:31])
+    with pytest.raises(ShapeError, match=r"x has K = 63"):
+        swiglu.epilogue(x[:, :63].copy(), wg, wu)
+    with pytest.raises(DTypeError, match=r"inputs must share one storage dtype, got x=fp32, w_gate=fp32, w_up=bf16"):
+        swiglu.epilogue(x, wg, wu.astype(ml_dtypes.bfloat16))
+    with pytest.raises(ConstraintError, match=r"limit must be a finite number > 0"):
+        swiglu.epilogue(x, wg, wu, limit=0.0)
