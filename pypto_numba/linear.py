@@ -360,7 +360,7 @@ def _plan_gate_up(x_shape, w_shape, dtype, limit, profile, cube_tiles) -> Plan:
     limit = _check_limit(where, limit)
     tiles = _gate_up_tiles(prof, m, dtype) if cube_tiles is None else cube_tiles
     walk = cube.plan_walk(m, k, n, tiles, dtype, profile=prof, where=where)
-    (m0, m1), _, (n0, n1) = walk.tiles
+    (_, m1), _, (n0, n1) = walk.tiles
     by = {b.name: b for b in walk.buffers}
     hint = "use smaller cube_tiles (two L0C accumulators and two weight tiles in L1)"
     buffers = list(walk.buffers) + [

@@ -430,7 +430,7 @@ def fused(x, up=None, *, limit=None, profile=None, tile=None, out=None):
 
 
 # the third strategy lives with the cube walk it extends (linear.py), registered as swiglu.epilogue
-from .linear import gate_up_swiglu as epilogue, plan_gate_up_swiglu as plan_epilogue  # noqa: E402
+from .linear import gate_up_swiglu as epilogue, plan_gate_up_swiglu as plan_epilogue
 
 
 # --- lab spec ---
@@ -463,15 +463,15 @@ def _advise(profile, tokens=16, intermediate=6144, dtype="bf16", limit=None, hid
     from .linear import plan_fused_bias
 
     shape = (tokens, intermediate)
-    sep = lambda: (plan_separate(shape, dtype, limit=limit, profile=profile),)  # noqa: E731
-    fus = lambda: (plan_fused(shape, dtype, limit=limit, profile=profile),)  # noqa: E731
+    sep = lambda: (plan_separate(shape, dtype, limit=limit, profile=profile),)
+    fus = lambda: (plan_fused(shape, dtype, limit=limit, profile=profile),)
     notes = ["separate writes silu(gate) to GM and reads it back: one kernel and 2*tokens*intermediate*b GM bytes "
              "more than fused, and in bf16/fp16 one more rounding"]
     if hidden is None:
         notes.append("the activation alone (pass hidden= to price the gate/up projections and swiglu.epilogue)")
         return [Candidate("separate", sep, fused=False), Candidate("fused", fus)], "fused", notes
     xs, ws = (tokens, hidden), (intermediate, hidden)
-    proj = lambda: 2 * (plan_fused_bias(xs, ws, dtype, bias=False, profile=profile),)  # noqa: E731
+    proj = lambda: 2 * (plan_fused_bias(xs, ws, dtype, bias=False, profile=profile),)
     cands = [Candidate("separate", lambda: proj() + sep(), fused=False),
              Candidate("fused", lambda: proj() + fus(), fused=False),
              Candidate("epilogue", lambda: (plan_epilogue(xs, ws, dtype, limit=limit, profile=profile),))]
@@ -491,7 +491,7 @@ def _variants():
     """compare's rows on (gate, up): separate and fused (epilogue takes x and the weights instead)."""
     from .lab import Variant
 
-    ref = lambda gate, up, limit=None, **o: reference(gate, up, limit)  # noqa: E731
+    ref = lambda gate, up, limit=None, **o: reference(gate, up, limit)
     return [Variant("separate", separate, ref), Variant("fused", fused, ref, True)]
 
 
