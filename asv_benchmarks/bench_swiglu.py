@@ -2,6 +2,9 @@
 fp32 / bf16 / fp16, 2 threads, gate and up as two tensors, ``out=`` given.
 
 Shapes: [2048, 6144] (a 2K-token Qwen3-1.7B prefill) and [16, 6144] (decode batch 16).
+``SwigluEpilogue*`` times ``swiglu.epilogue`` (= ``linear.gate_up_swiglu``) on x[M, 2048] and two
+[6144, 2048] weights (Qwen3-1.7B hidden 2048), M = 16 and 2048; its torch peer is
+``F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)`` in the same dtype.
 
 - ``time_swiglu``: one call with ``out=`` (kernels warmed up in setup()).
 - ``track_gm_bytes``: the plan's modelled GM traffic (read + write; separate also writes and reads
@@ -101,3 +104,57 @@ class SwigluTrack:
         return median_ratio(self.run, peer, 7)
 
     track_vs_torch.unit = "x torch"
+
+
+EPI_SHAPES = ["16x2048x6144", "2048x2048x6144"]  # M x hidden x intermediate
+
+
+def _setup_epilogue(bench, dtype, shape):
+    m, k, n = _shape(shape)
+    rng = np.random.default_rng(0)
+    bench.x = rng.standard_normal((m, k), dtype=np.float32).astype(NP[dtype])
+    bench.wg = (k**-0.5 * rng.standard_normal((n, k), dtype=np.float32)).astype(NP[dtype])
+    bench.wu = (k**-0.5 * rng.standard_normal((n, k), dtype=np.float32)).astype(NP[dtype])
+    bench.run = lambda: swiglu.epilogue(bench.x, bench.wg, bench.wu)
+    bench.run()  # compile / load from cache outside the timing
+
+
+class SwigluEpilogueTime:
+    params = (DTYPES, EPI_SHAPES)
+    param_names = ["dtype", "shape"]
+    timeout = 600
+    number = 1
+    repeat = (3, 10, 30.0)
+
+    def setup(self, dtype, shape):
+        _setup_epilogue(self, dtype, shape)
+
+    def time_epilogue(self, dtype, shape):
+        self.run()
+
+
+class SwigluEpilogueTrack:
+    params = (DTYPES, EPI_SHAPES)
+    param_names = ["dtype", "shape"]
+    timeout = 900
+    repeat = 1
+    number = 1
+
+    def setup(self, dtype, shape):
+        _setup_epilogue(self, dtype, shape)
+
+    def track_epilogue_vs_torch(self, dtype, shape):
+        """torch time / our time; the peer is ``F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)``."""
+        torch = torch_or_none()
+        if torch is None:
+            return float("nan")
+        x, wg, wu = (to_torch(torch, a) for a in (self.x, self.wg, self.wu))
+        F = torch.nn.functional
+
+        def peer():
+            F.silu(F.linear(x, wg)) * F.linear(x, wu)
+
+        peer()
+        return median_ratio(self.run, peer, 5)
+
+    track_epilogue_vs_torch.unit = "x torch"
