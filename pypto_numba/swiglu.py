@@ -7,9 +7,9 @@ fp32, as the NPU's exp is fp32-only, npu-facts 1.6; result ``[..., I]`` in the s
     y = cast(silu(gate) * up),   silu(g) = g * sigmoid(g),   sigmoid(g) = 1 / (1 + exp(-g))
 
 ``silu`` is the seed's plan A, ``mul(x, sigmoid(x))`` (npu-facts 1.2), with the sigmoid of the MoE
-ops (``vmath.sigmoid``; ``silu`` and the clamps are written once, in ``machine/cube/epilogue.py``,
-for these kernels and the cube epilogue); ``silu(-inf) = 0``, its limit (the formula gives ``-inf * 0 = nan``). NaN
-in gate or up gives NaN, also through the clamp (as torch's ``clamp``).
+ops (``vmath.sigmoid``); ``silu(-inf) = 0``, its limit (the formula gives ``-inf * 0 = nan``). NaN
+in gate or up gives NaN, also through the clamp (as torch's ``clamp``). ``silu`` and the clamps
+are written once, in ``machine/cube/epilogue.py``, for these kernels and the cube epilogue.
 
 The clamp (``limit=``, a finite number > 0, held in fp32) is the one of DeepSeek-V4's experts
 (npu-facts 8.4: "SwiGLU clamped at 10"; its public model code computes ``gate.clamp(max=limit)``,
@@ -18,7 +18,7 @@ gate is clamped from above only, the up both ways. gpt-oss's ``swiglu`` clamps t
 (limit 7) but also scales the sigmoid's argument (alpha 1.702), adds 1 to up and takes gate and up
 from interleaved columns; none of that is emulated here.
 
-Inputs, for every strategy::
+Inputs of separate and fused::
 
     swiglu.fused(x)          x[..., 2*I] = [gate | up] along the last dim: gate = x[..., :I],
                              up = x[..., I:] (torch ``x.chunk(2, -1)``, vLLM's ``SiluAndMul``)
@@ -37,7 +37,8 @@ Strategies (n = N*I result elements, b = itemsize of the storage dtype)::
 ``separate`` is the two-kernel pipeline: the silu kernel writes ``h = cast(silu(gate))`` to GM (a
 workspace of the storage dtype), the mul kernel reads it back: ``y = cast(h * up)``, two roundings
 in bf16/fp16. In fp32 the cast is exact and both strategies give the same bits; in bf16/fp16
-``fused`` rounds once and ``separate`` lies within about one storage ulp more of the float64 value.
+``fused`` rounds once and ``separate``'s rounding of h adds up to ``ulp(h)/2 * |up|`` (below one
+ulp of the result while h is a normal number).
 The clamp of the gate runs in the silu kernel, the clamp of up in the mul kernel.
 
 Tiling: a task is a ``[rows, cols]`` UB tile, ``cols = min(tile, I aligned to 32 B)`` columns of
@@ -46,8 +47,9 @@ tile of a row and of the rows is a valid-shape tail. ``tile`` defaults to the pr
 ``swiglu_tile``, else to its elementwise ``gelu_tile``.
 
 UB per task, per tile element: the storage tiles read and written (b B each) and fp32 work tiles
-(4 B each): fused 3 tiles + 1 fp32 (the sigmoid) on fp32, + 3 fp32 (widened gate and up, the
-sigmoid) on bf16/fp16; silu 2 + 1 fp32 (+ 2 fp32 on bf16/fp16); mul 3 (+ 2 fp32 on bf16/fp16).
+(4 B each): fused 3 tiles + 1 fp32 (the sigmoid) on fp32 storage, 3 + 3 fp32 (widened gate and
+up, the sigmoid) on bf16/fp16; silu 2 + 1 fp32 (2 + 2 fp32 on bf16/fp16); mul 3 (3 + 2 fp32 on
+bf16/fp16).
 
 Vector element-ops per element (the ISA has no sigmoid instruction, npu-facts 8.6): silu 5 (neg,
 exp, +1, reciprocal as MoE's sigmoid, then the mul by gate), mul 1; with ``limit`` 1 (gate) and 2
