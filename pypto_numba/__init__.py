@@ -22,7 +22,7 @@ from .advise import advise
 # The ops, in the order the lab lists them (strategy.OPS, SEED, compare's tables, the report):
 # each module registers its strategies and, at its end, its OP spec (pypto_numba/lab/spec.py).
 # A new op is one more name here.
-from . import gelu, mean, rope, attention, repeat_kv, moe, linear, embedding, rmsnorm, softmax  # noqa: E402,I001
+from . import gelu, mean, rope, attention, repeat_kv, moe, linear, embedding, rmsnorm, softmax, swiglu  # noqa: E402,I001
 from . import tune  # noqa: E402  (tile search and the cube L0 model, from plans and profiles)
 
 __version__ = "0.1.0"
@@ -54,6 +54,7 @@ __all__ = [
     "rope",
     "softmax",
     "strategies",
+    "swiglu",
     "trace",
     "tune",
     "use_profile",

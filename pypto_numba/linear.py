@@ -44,12 +44,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numba
 import numpy as np
 from numba import prange
 
 from . import inputs
 from .errors import ShapeError
 from .machine import cube, dtypes
+from .machine.cube.epilogue import epilogue_swiglu
 from .machine.jit import kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
@@ -277,6 +279,148 @@ def fused_bias(x, weight, bias=None, cube_tiles=None, *, profile=None):
     ``linear_cube_tiles``, or ``linear_decode_cube_tiles`` for fewer than 16 rows).
     """
     return _run("fused_bias", x, weight, bias, profile, cube_tiles)
+
+
+# ---------------------------------------------------------------------------------------------
+# gate_up_swiglu: the gate and up projections of a gated MLP with SwiGLU in the epilogue
+
+
+@kernel(boundscheck=False)
+def _gate_up_kernel(x, wg, wu, out, lim, m1, k1, n1, acc, x_l1, w_l1, slots, ops_per_elem):
+    """``out = round(silu(clamp_gate(x @ wg^T)) * clamp_up(x @ wu^T))``, one task per [mL1, nL1]
+    block of out: both accumulators stay in L0C, each x tile moved to L1 serves both products, and
+    the epilogue combines them (``machine/cube/epilogue.py``) -> the counters. ``acc[t, 0|1]``,
+    ``x_l1[t]``, ``w_l1[t, 0|1]``: per-thread fp32 L0C and L1 scratch (16-bit operands widened,
+    fp32 copied); ``slots``: the BLAS argument slots (``cube.scratch``)."""
+    M, K = x.shape
+    N = wg.shape[0]
+    tm = (M + m1 - 1) // m1
+    tn = (N + n1 - 1) // n1
+    bx = x.itemsize
+    bw = wg.itemsize
+    lim32 = np.float32(lim)
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    flops = 0
+    slots0 = slots.ctypes.data
+    for t in prange(tm * tn):
+        tid = numba.get_thread_id()
+        mb = (t // tn) * m1
+        nb = (t % tn) * n1
+        vm = min(m1, M - mb)
+        vn = min(n1, N - nb)
+        cg = acc[tid, 0]
+        cu = acc[tid, 1]
+        for i in range(vm):
+            for j in range(vn):
+                cg[i, j] = 0.0
+                cu[i, j] = 0.0
+        xa = x_l1[tid]
+        ga = w_l1[tid, 0]
+        ua = w_l1[tid, 1]
+        sl = slots0 + tid * 4 * cube.ARG_SLOTS
+        for kk in range(0, K, k1):
+            vk1 = min(k1, K - kk)
+            gm_read += vm * vk1 * bx + 2 * vn * vk1 * bw  # GM -> L1: the x tile once, both weight tiles
+            cube.load_l1(x, mb, kk, vm, vk1, xa)
+            cube.load_l1(wg, nb, kk, vn, vk1, ga)
+            cube.load_l1(wu, nb, kk, vn, vk1, ua)
+            cube.mma_blas(cg.ctypes.data, n1, xa.ctypes.data, k1, ga.ctypes.data, k1, vm, vn, vk1, sl)
+            cube.mma_blas(cu.ctypes.data, n1, xa.ctypes.data, k1, ua.ctypes.data, k1, vm, vn, vk1, sl)
+            flops += 4 * vm * vn * vk1
+        epilogue_swiglu(cg, cu, vm, vn, lim32, out, mb, nb)
+        tasks += 1
+        gm_write += vm * vn * out.itemsize
+        vector_ops += vm * vn * ops_per_elem
+    return tasks, gm_read, gm_write, vector_ops, flops
+
+
+EPILOGUE_ROWS = 16  # rows of the [16, nL0] UB tiles the epilogue moves L0C through (one fractal)
+
+
+def _gate_up_tiles(prof, m, dtype):
+    """The linear tiles for this M, kL1 halved (down to kL0) until x and both weight tiles fit L1."""
+    (m0, m1), (k0, k1), (n0, n1) = _default_tiles(prof, m)
+    b = dtypes.itemsize(dtype)
+    while k1 > k0 and (-(-m1 // 16) * 16 + 2 * -(-n1 // 16) * 16) * k1 * b > prof.l1_bytes:
+        k1 //= 2
+    return ((m0, m1), (k0, k1), (n0, n1))
+
+
+@memo_plan
+def _plan_gate_up(x_shape, w_shape, dtype, limit, profile, cube_tiles) -> Plan:
+    from .swiglu import GATE_CLAMP_OPS, MUL_OPS, SILU_OPS, UP_CLAMP_OPS, _check_limit
+
+    prof = load_profile(profile)
+    where = "swiglu.epilogue"
+    dtype = inputs.storage_dtype(dtype, where)
+    m, k, n = _dims(x_shape, w_shape, where)
+    limit = _check_limit(where, limit)
+    tiles = _gate_up_tiles(prof, m, dtype) if cube_tiles is None else cube_tiles
+    walk = cube.plan_walk(m, k, n, tiles, dtype, profile=prof, where=where)
+    (_, m1), _, (n0, n1) = walk.tiles
+    by = {b.name: b for b in walk.buffers}
+    hint = "use smaller cube_tiles (two L0C accumulators and two weight tiles in L1)"
+    buffers = list(walk.buffers) + [
+        dataclasses.replace(by["b_l1"], name="b_up_l1"),
+        dataclasses.replace(by["c_l0"], name="c_up_l0"),
+        vector_tile("gate_ub", (EPILOGUE_ROWS, n0), "fp32", prof, where, hint),
+        vector_tile("up_ub", (EPILOGUE_ROWS, n0), "fp32", prof, where, hint),
+        vector_tile("sig_ub", (EPILOGUE_ROWS, n0), "fp32", prof, where, hint),
+        vector_tile("y_ub", (EPILOGUE_ROWS, n0), dtype, prof, where, hint),
+    ]
+    ops = SILU_OPS + MUL_OPS + (GATE_CLAMP_OPS + UP_CLAMP_OPS) * (limit is not None) + (dtype != "fp32")
+    b = dtypes.itemsize(dtype)
+    tm, tn = -(-m // m1), -(-n // n1)
+    kp = KernelPlan(name="gate_up_swiglu", unit="mixed", tasks=walk.tasks, buffers=tuple(buffers),
+                    gm_read_bytes=m * k * b * tn + 2 * n * k * b * tm, gm_write_bytes=m * n * b,
+                    cube_flops=2 * walk.cube_flops, vector_ops=m * n * ops)
+    return Plan(op="swiglu", strategy="epilogue", dtype=dtype, profile=prof, kernels=(kp,),
+                params=dict(walk.params, limit=limit, ops_per_elem=ops), hint=hint)
+
+
+def plan_gate_up_swiglu(x_shape, w_shape, dtype="fp32", *, limit=None, profile=None, cube_tiles=None) -> Plan:
+    """Plan of :func:`gate_up_swiglu` for ``x[..., K]`` and ``w_gate``/``w_up`` ``[I, K]`` (no data)."""
+    return _plan_gate_up(x_shape, w_shape, dtype, limit, profile, cube_tiles)
+
+
+@register("swiglu", "epilogue", plan=plan_gate_up_swiglu,
+          summary="gate and up projections in one cube kernel, SwiGLU in its epilogue (no gate/up in GM)")
+def gate_up_swiglu(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None):
+    """``silu(x @ w_gate^T) * (x @ w_up^T)`` in one mixed kernel: both products accumulate in fp32
+    (L0C) for the same [mL1, nL1] block and the epilogue applies the activation (with ``limit``:
+    ``gate <= limit``, ``-limit <= up <= limit``, as swiglu) and rounds once, so the ``[..., 2*I]``
+    gate/up intermediate is never written to GM. ``x[..., K]``, ``w_gate``, ``w_up`` ``[I, K]``
+    (one dtype) -> ``[..., I]``. Also ``swiglu.epilogue``. ``cube_tiles`` as :func:`fused_bias`
+    (default: its tiles with kL1 halved until x and both weight tiles fit L1). On the CPU each
+    product is BLAS sgemm on fp32 L1 copies.
+    """
+    where = "swiglu.epilogue"
+    xt = inputs.tensor(x, "x", where, min_rank=1)
+    gt = inputs.tensor(w_gate, "w_gate", where, min_rank=2, max_rank=2)
+    ut = inputs.tensor(w_up, "w_up", where, min_rank=2, max_rank=2)
+    if ut.shape != gt.shape:
+        raise ShapeError(f"{where}: w_up must have w_gate's shape {gt.shape}, got {ut.shape}")
+    dtype = inputs.same_dtype(where, x=xt, w_gate=gt, w_up=ut)
+    p = _plan_gate_up(xt.shape, gt.shape, dtype, limit, profile, cube_tiles)
+    prm = p.params
+    m1, k1, n1 = prm["m1"], prm["k1"], prm["n1"]
+    out, out_k = dtypes.empty(xt.shape[:-1] + (gt.shape[0],), dtype)
+    nth = numba.config.NUMBA_NUM_THREADS  # thread ids stay below it (machine/tile.py)
+    acc = np.empty((nth, 2, m1, n1), np.float32)
+    x_l1 = np.empty((nth, m1, k1), np.float32)
+    w_l1 = np.empty((nth, 2, n1, k1), np.float32)
+    slots = cube.scratch(1, 1, 1, 1, True, False, threads=nth)[4]
+    lim = np.inf if prm["limit"] is None else prm["limit"]
+    with Launch(p, [xt.shape, gt.shape, ut.shape]) as run:
+        with cube.single_thread_blas(), cube.dynamic_tasks():
+            run.count(_gate_up_kernel(xt.kview.reshape(-1, xt.shape[-1]), gt.kview, ut.kview,
+                                      out_k.reshape(-1, gt.shape[0]), lim, m1, k1, n1, acc, x_l1, w_l1, slots,
+                                      prm["ops_per_elem"]))
+        run.workspace(xt.copied_bytes + gt.copied_bytes + ut.copied_bytes)
+    return out
 
 
 # --- lab spec ---

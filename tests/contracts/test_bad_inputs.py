@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import pypto_numba as pn
-from pypto_numba import attention, embedding, gelu, linear, mean, moe, reference, repeat_kv, rmsnorm, rope, softmax
+from pypto_numba import attention, embedding, gelu, linear, mean, moe, reference, repeat_kv, rmsnorm, rope, softmax, swiglu
 from pypto_numba.errors import ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
 from pypto_numba.machine.profile import ProfileError
 
@@ -325,6 +325,83 @@ raises("softmax.online-col_tile-too-big", lambda: softmax.online(_normal((2, 400
        r"column tile w_ub \[1, 32768\] fp32 = 131072 B exceeds the 65536 B reduction tile limit")
 close("softmax.online-col_tile-huge", lambda: softmax.online(_SLONG, col_tile=2**62), lambda: reference.softmax(_SLONG),
       rtol=1e-5, atol=1e-7)
+
+# ---------------------------------------------------------------------------------------------
+# swiglu (x[..., 2*I] = [gate | up] as one tensor, or gate[..., I] and up[..., I])
+
+_GX = _normal((4, 74), scale=3.0)  # packed: gate = [:, :37], up = [:, 37:]
+_GG, _GU = _GX[:, :37].copy(), _GX[:, 37:].copy()
+_GNG = np.array([[np.nan, np.inf, -np.inf, -np.inf, 0.0, 1e38, -1e38, 20.0, -20.0, 1e-40, 3.0, -0.0]], F32)
+_GNU = np.array([[1.0, 2.0, 3.0, np.inf, np.inf, 2.0, 2.0, -np.inf, 1e38, 1.0, np.nan, 5.0]], F32)
+_GWIDE = _normal((2, 40000))  # I = 20000: an fp32 [2, 20000] tile set is 640 KB of UB
+for _v, _fn in (("separate", swiglu.separate), ("fused", swiglu.fused)):
+    _p = f"swiglu.{_v}"
+    _tensor_cases(_p, "x", _GX, lambda a, f=_fn: f(a), rank_bad=np.float32(1.0), huge_shape=(2**16, 2**15 + 2))
+    _tensor_cases(_p, "gate", _GG, lambda a, f=_fn: f(a, _GU), rank_bad=np.float32(1.0), huge_shape=(2**16, 2**15 + 1))
+    _tensor_cases(_p, "up", _GU, lambda a, f=_fn: f(_GG, a), rank_bad=np.float32(1.0))
+    equal(f"{_p}-x-bf16-strided", lambda f=_fn: f(_strided(_GX.astype(BF16))), lambda f=_fn: f(_GX.astype(BF16)))
+    equal(f"{_p}-packed-equals-two", lambda f=_fn: f(_GX), lambda f=_fn: f(_GG, _GU))
+    raises(f"{_p}-x-odd", lambda f=_fn: f(X), ShapeError, r"x's last dim 37 is odd; .*pass gate and up as two tensors")
+    raises(f"{_p}-up-shape", lambda f=_fn: f(_GG, _GU[:, :36]), ShapeError, r"up must have gate's shape \(4, 37\), got \(4, 36\)")
+    raises(f"{_p}-up-broadcast", lambda f=_fn: f(_GG, _GU[0]), ShapeError, r"up must have gate's shape \(4, 37\), got \(37,\)")
+    raises(f"{_p}-up-dtype-mix", lambda f=_fn: f(_GG, _GU.astype(BF16)), DTypeError,
+           r"inputs must share one storage dtype, got gate=fp32, up=bf16")
+    for _label, _bad in (("zero", 0.0), ("negative", -10.0), ("nan", float("nan")), ("inf", np.inf), ("fp32-inf", 1e39),
+                         ("fp32-zero", 1e-50), ("str", "10"), ("bool", True), ("array", np.ones(2))):
+        raises(f"{_p}-limit-{_label}", lambda f=_fn, b=_bad: f(_GX, limit=b), ConstraintError,
+               r"limit must be a finite number > 0 in fp32 .* or None for no clamp")
+    equal(f"{_p}-limit-int", lambda f=_fn: f(_GX, limit=2), lambda f=_fn: f(_GX, limit=2.0))
+    close(f"{_p}-x-nan-inf", lambda f=_fn: f(_GNG, _GNU), lambda: reference.swiglu(_GNG, _GNU), rtol=1e-5, atol=1e-30)
+    close(f"{_p}-x-nan-inf-limit", lambda f=_fn: f(_GNG, _GNU, limit=10.0), lambda: reference.swiglu(_GNG, _GNU, 10.0),
+          rtol=1e-5, atol=1e-30)
+    equal(f"{_p}-x-1d", lambda f=_fn: f(_GX[0]), lambda f=_fn: f(_GX[:1])[0])
+    _profile_cases(_p, lambda f=_fn, **kw: f(_GX, **kw))
+    _tile_cases(_p, "tile", lambda f=_fn, **kw: f(_GWIDE, **kw), too_big=2**20, unaligned=33, huge=False)
+    close(f"{_p}-tile-huge", lambda f=_fn: f(_GX, tile=2**62), lambda: reference.swiglu(_GX), rtol=1e-5, atol=1e-7)
+    raises(f"{_p}-tile-unaligned-bf16", lambda f=_fn: f(_GWIDE.astype(BF16), tile=8), TileError,
+           r"8 x 2 B = 16 B is not a multiple of 32 B")
+    raises(f"{_p}-out-shape", lambda f=_fn: f(_GX, out=np.empty((4, 74), F32)), ShapeError,
+           r"out must have the result's shape \(4, 37\), got \(4, 74\)")
+    raises(f"{_p}-out-dtype", lambda f=_fn: f(_GX, out=np.empty((4, 37), BF16)), DTypeError,
+           r"out must be a numpy array of the inputs' dtype \(fp32\)")
+    raises(f"{_p}-out-readonly", lambda f=_fn: f(_GX, out=_readonly(np.zeros((4, 37), F32))), ConstraintError,
+           r"out must be a writeable C-contiguous array")
+    raises(f"{_p}-out-noncontig", lambda f=_fn: f(_GX, out=np.zeros((37, 4), F32).T), ConstraintError,
+           r"out must be a writeable C-contiguous array")
+    raises(f"{_p}-out-overlap-x", lambda f=_fn: (lambda a: f(a, out=a[:2].reshape(4, 37)))(_GX.copy()), ConstraintError,
+           r"out overlaps x; the \[\.\.\., I\] result cannot be written into the packed")
+    raises(f"{_p}-out-overlap-gate", lambda f=_fn: (lambda buf: f(buf[:148].reshape(4, 37), _GU, out=buf[1:149].reshape(4, 37)))(
+           np.zeros(149, F32)), ConstraintError, r"out overlaps gate partially; pass out=gate")
+    equal(f"{_p}-out-inplace-gate", lambda f=_fn: (lambda g: (f(g, _GU, out=g), g)[1])(_GG.copy()), lambda f=_fn: f(_GG, _GU))
+    equal(f"{_p}-out-inplace-up", lambda f=_fn: (lambda u: (f(_GG, u, out=u), u)[1])(_GU.copy()), lambda f=_fn: f(_GG, _GU))
+    raises(f"{_p}-plan-dtype", lambda v=_v: getattr(swiglu, f"plan_{v}")((4, 37), "float64"), DTypeError, r"dtype 'float64'")
+    raises(f"{_p}-plan-zero", lambda v=_v: getattr(swiglu, f"plan_{v}")((0, 37)), ShapeError,
+           r"gate has shape \(0, 37\) with a zero-size dim")
+    raises(f"{_p}-plan-over-int32", lambda v=_v: getattr(swiglu, f"plan_{v}")((2**16, 2**15 + 1)), ConstraintError,
+           r"gate has 2147549184 elements, more than PyPTO's INT32_MAX")
+    raises(f"{_p}-plan-limit", lambda v=_v: getattr(swiglu, f"plan_{v}")((4, 37), limit=0), ConstraintError, r"limit must be")
+
+# swiglu.epilogue = linear.gate_up_swiglu(x[..., K], w_gate[I, K], w_up[I, K])
+_EX, _EG, _EU = _normal((5, 24)), _normal((12, 24), scale=0.3), _normal((12, 24), scale=0.3)
+_p = "swiglu.epilogue"
+_tensor_cases(_p, "x", _EX, lambda a: swiglu.epilogue(a, _EG, _EU), rank_bad=np.float32(1.0), zero_shape=(0, 24))
+_tensor_cases(_p, "w_gate", _EG, lambda a: swiglu.epilogue(_EX, a, _EU), rank_bad=_EG[0], zero_shape=(0, 24))
+_tensor_cases(_p, "w_up", _EU, lambda a: swiglu.epilogue(_EX, _EG, a), rank_bad=_EU[0], zero_shape=(0, 24))
+raises(f"{_p}-w_up-shape", lambda: swiglu.epilogue(_EX, _EG, _EU[:11]), ShapeError, r"w_up must have w_gate's shape \(12, 24\)")
+raises(f"{_p}-x-K", lambda: swiglu.epilogue(_EX[:, :23].copy(), _EG, _EU), ShapeError, r"x has K = 23 .* weight \(12, 24\) has K = 24")
+raises(f"{_p}-dtype-mix", lambda: swiglu.epilogue(_EX, _EG, _EU.astype(BF16)), DTypeError,
+       r"inputs must share one storage dtype, got x=fp32, w_gate=fp32, w_up=bf16")
+for _label, _bad in (("zero", 0.0), ("negative", -1.0), ("nan", float("nan")), ("str", "10"), ("bool", True)):
+    raises(f"{_p}-limit-{_label}", lambda b=_bad: swiglu.epilogue(_EX, _EG, _EU, limit=b), ConstraintError,
+           r"limit must be a finite number > 0 in fp32")
+close(f"{_p}-limit", lambda: swiglu.epilogue(_EX, _EG, _EU, limit=0.5),
+      lambda: reference.swiglu(_EX.astype(np.float64) @ _EG.T.astype(np.float64), _EX.astype(np.float64) @ _EU.T.astype(np.float64), 0.5),
+      rtol=1e-5, atol=1e-6)
+_profile_cases(_p, lambda **kw: swiglu.epilogue(_EX, _EG, _EU, **kw))
+raises(f"{_p}-cube_tiles-shape", lambda: swiglu.epilogue(_EX, _EG, _EU, cube_tiles=(16, 16, 16)), TileError,
+       r"cube_tiles must be \(\(mL0, mL1\)")
+raises(f"{_p}-plan-dtype", lambda: swiglu.plan_epilogue((5, 24), (12, 24), "float64"), DTypeError, r"dtype 'float64'")
+raises(f"{_p}-plan-zero", lambda: swiglu.plan_epilogue((0, 24), (12, 24)), ShapeError, r"zero-size")
 
 # ---------------------------------------------------------------------------------------------
 # rope
@@ -860,6 +937,8 @@ raises("advise-repeat_kv-strategy", lambda: pn.advise("repeat_kv", strategy="sta
 raises("advise-profile-unknown", lambda: pn.advise("gelu", profile="nope"), ProfileError, r"unknown hardware profile 'nope'")
 raises("advise-linear-zero", lambda: pn.advise("linear", tokens=0), ShapeError, r"zero-size|positive")
 raises("advise-embedding-zero", lambda: pn.advise("embedding", ids_shape=(0,)), ShapeError, r"zero-size|no elements")
+raises("advise-swiglu-limit", lambda: pn.advise("swiglu", limit=-1.0), ConstraintError, r"limit must be a finite number > 0")
+raises("advise-swiglu-zero", lambda: pn.advise("swiglu", tokens=0), ShapeError, r"zero-size")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -92,6 +92,11 @@ def _cases():
             (make((5, 96), dt, rng), make((5, 96), "fp32", rng, 3.0), make((96,), dt, rng)), {})),
         "softmax.whole_row": (pn.softmax.whole_row, lambda rng, dt: ((make((7, 1000), dt, rng, 4.0),), dict(scale=0.7))),
         "softmax.online": (pn.softmax.online, lambda rng, dt: ((make((3, 3001), dt, rng, 4.0),), dict(col_tile=512))),
+        "swiglu.separate": (pn.swiglu.separate, lambda rng, dt: ((make((5, 3, 130), dt, rng, 3.0), make((5, 3, 130), dt, rng)),
+                                                                 dict(limit=4.0))),
+        "swiglu.fused": (pn.swiglu.fused, lambda rng, dt: ((make((37, 2 * 515), dt, rng, 3.0),), {})),
+        "swiglu.epilogue": (pn.swiglu.epilogue, lambda rng, dt: (
+            (make((5, 2, 64), dt, rng), make((40, 64), dt, rng, 0.2), make((40, 64), dt, rng, 0.2)), dict(limit=3.0))),
     }
     for fn in ("standard", "online", "flash"):
         f = getattr(pn.attention, fn)

@@ -1,15 +1,42 @@
-"""The cube's epilogue (L0C -> GM, the fixpipe): the fused bias and the one rounding.
+"""The cube's epilogue (L0C -> GM): the fused bias, the gated SiLU, and the one rounding.
 
-This is the epilogue of ``linear.fused_bias``: the bias is added to the fp32 accumulator here
-and the sum is rounded once to the output dtype. Every path of the walk (:mod:`.walk`) ends here.
+:func:`epilogue` is the epilogue of ``linear.fused_bias``: the bias is added to the fp32
+accumulator here and the sum is rounded once to the output dtype. Every path of the walk
+(:mod:`.walk`) ends here. :func:`epilogue_swiglu` ends ``linear.gate_up_swiglu``: two fp32
+accumulators (gate and up) combined as ``silu(gate) * up`` by the vector unit (a mixed kernel),
+one rounding. :func:`silu`, :func:`clamp_gate`, :func:`clamp_up` are that activation, written once
+for the epilogue and for swiglu's vector kernels.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes
+from .. import dtypes, vmath
 from ..jit import device
+
+NEG_INF = np.float32(-np.inf)
+_act = device(fastmath=set(vmath.VMATH_FASTMATH), forceinline=True)  # elementwise: no reassociation
+
+
+@_act
+def silu(g):
+    """``g * sigmoid(g)`` in fp32; ``silu(-inf) = 0``, the limit (the formula gives -inf * 0 = nan)."""
+    h = g * vmath.sigmoid(g)
+    return np.float32(0.0) if g == NEG_INF else h
+
+
+@_act
+def clamp_gate(g, lim):
+    """``min(g, lim)``, torch's ``clamp(max=lim)``: NaN stays NaN; ``lim = +inf`` is no clamp."""
+    return lim if g > lim else g
+
+
+@_act
+def clamp_up(u, lim):
+    """``u`` clamped to ``[-lim, lim]``, torch's ``clamp(-lim, lim)``: NaN stays NaN."""
+    u = lim if u > lim else u
+    return -lim if u < -lim else u
 
 
 @device(boundscheck=False)
@@ -45,3 +72,33 @@ def epilogue(
             ri = np.uint64(i)
             for j in range(np.uint64(cols)):
                 out[ro, oc + j] = dtypes.narrow(out, c[ri, j])
+
+
+@device(boundscheck=False, fastmath=set(vmath.VMATH_FASTMATH))
+def epilogue_swiglu(
+    cg,
+    cu,
+    rows,
+    cols,
+    lim,
+    out,
+    r0,
+    c0,
+):
+    """L0C -> GM of a gated MLP: ``out[r0+i, c0+j] = round_out(silu(clamp_gate(g)) * clamp_up(u))``
+    of the gate and up accumulators ``g = cg[i, j]``, ``u = cu[i, j]`` (fp32), one rounding.
+
+    Parameters
+    ----------
+    cg, cu : fp32 L0C tiles of the block (gate, up), ``[:rows, :cols]`` valid
+    lim : float32 clamp limit (``+inf``: no clamp)
+    out : the output kernel view ``[M, N]``; its dtype is the one rounded to
+    r0, c0 : the block's first row and column in ``out``
+    """
+    oc = np.uint64(c0)  # unsigned indices: see machine/jit.py
+    for i in range(rows):
+        ro = np.uint64(r0 + i)
+        ri = np.uint64(i)
+        for j in range(np.uint64(cols)):
+            g = clamp_gate(cg[ri, j], lim)
+            out[ro, oc + j] = dtypes.narrow(out, silu(g) * clamp_up(cu[ri, j], lim))

@@ -1,0 +1,515 @@
+"""SwiGLU, the gated MLP's activation ``silu(gate) * up``: two kernels, or one.
+
+Math (gate and up of one shape ``[..., I]`` and one storage dtype fp32, bf16 or fp16; all math
+fp32, as the NPU's exp is fp32-only, npu-facts 1.6; result ``[..., I]`` in the storage dtype)::
+
+    limit given:  gate = min(gate, limit),  up = min(max(up, -limit), limit)
+    y = cast(silu(gate) * up),   silu(g) = g * sigmoid(g),   sigmoid(g) = 1 / (1 + exp(-g))
+
+``silu`` is the seed's plan A, ``mul(x, sigmoid(x))`` (npu-facts 1.2), with the sigmoid of the MoE
+ops (``vmath.sigmoid``); ``silu(-inf) = 0``, its limit (the formula gives ``-inf * 0 = nan``). NaN
+in gate or up gives NaN, also through the clamp (as torch's ``clamp``). ``silu`` and the clamps
+are written once, in ``machine/cube/epilogue.py``, for these kernels and the cube epilogue.
+
+The clamp (``limit=``, a finite number > 0, held in fp32) is the one of DeepSeek-V4's experts
+(npu-facts 8.4: "SwiGLU clamped at 10"; its public model code computes ``gate.clamp(max=limit)``,
+``up.clamp(-limit, limit)``, then ``silu(gate) * up`` in fp32, with ``swiglu_limit = 10``): the
+gate is clamped from above only, the up both ways. gpt-oss's ``swiglu`` clamps the same two ways
+(limit 7) but also scales the sigmoid's argument (alpha 1.702), adds 1 to up and takes gate and up
+from interleaved columns; none of that is emulated here.
+
+Inputs of separate and fused::
+
+    swiglu.fused(x)          x[..., 2*I] = [gate | up] along the last dim: gate = x[..., :I],
+                             up = x[..., I:] (torch ``x.chunk(2, -1)``, vLLM's ``SiluAndMul``)
+    swiglu.fused(gate, up)   gate[..., I], up[..., I]
+
+Both forms read the same bytes and have the same plan, priced from the result's shape ``[..., I]``.
+
+Strategies (n = N*I result elements, b = itemsize of the storage dtype)::
+
+    swiglu.separate  2 vector kernels (silu, then mul), GM read 3*n*b, write 2*n*b, workspace n*b
+    swiglu.fused     1 vector kernel,                   GM read 2*n*b, write n*b
+    swiglu.epilogue  = linear.gate_up_swiglu(x, w_gate, w_up): the gate and up projections in one
+                     mixed cube kernel, the activation in its epilogue; gate and up never reach
+                     GM (its own inputs: x[..., K] and the two [I, K] weights; see linear.py)
+
+``separate`` is the two-kernel pipeline: the silu kernel writes ``h = cast(silu(gate))`` to GM (a
+workspace of the storage dtype), the mul kernel reads it back: ``y = cast(h * up)``, two roundings
+in bf16/fp16. In fp32 the cast is exact and both strategies give the same bits; in bf16/fp16
+``fused`` rounds once and ``separate``'s rounding of h adds up to ``ulp(h)/2 * |up|`` (below one
+ulp of the result while h is a normal number).
+The clamp of the gate runs in the silu kernel, the clamp of up in the mul kernel.
+
+Tiling: a task is a ``[rows, cols]`` UB tile, ``cols = min(tile, I aligned to 32 B)`` columns of
+``rows = tile // cols`` rows (at most N), so that one tile holds about ``tile`` elements; the last
+tile of a row and of the rows is a valid-shape tail. ``tile`` defaults to the profile's
+``swiglu_tile``, else to its elementwise ``gelu_tile``.
+
+UB per task, per tile element: the storage tiles read and written (b B each) and fp32 work tiles
+(4 B each): fused 3 tiles + 1 fp32 (the sigmoid) on fp32 storage, 3 + 3 fp32 (widened gate and
+up, the sigmoid) on bf16/fp16; silu 2 + 1 fp32 (2 + 2 fp32 on bf16/fp16); mul 3 (3 + 2 fp32 on
+bf16/fp16).
+
+Vector element-ops per element (the ISA has no sigmoid instruction, npu-facts 8.6): silu 5 (neg,
+exp, +1, reciprocal as MoE's sigmoid, then the mul by gate), mul 1; with ``limit`` 1 (gate) and 2
+(up); 1 per 16-bit tensor read (widen) and per 16-bit tensor written (narrow).
+"""
+
+from __future__ import annotations
+
+import math as _math
+import numbers
+
+import numpy as np
+from numba import prange
+
+from . import inputs
+from .errors import ConstraintError, DTypeError, ShapeError
+from .machine import dtypes, tile as tiles, vmath
+from .machine.cube.epilogue import clamp_gate as _clamp_gate, clamp_up as _clamp_up, silu as _silu
+from .machine.jit import device, kernel
+from .machine.memo import CallMemo, memo_plan
+from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
+from .machine.profile import load_profile
+from .strategy import Launch, register
+
+SILU_OPS = 5  # neg, exp, +1, reciprocal (the sigmoid, as moe's), * gate
+MUL_OPS = 1  # silu(gate) * up
+GATE_CLAMP_OPS = 1  # min(gate, limit)
+UP_CLAMP_OPS = 2  # max(up, -limit), min(., limit)
+STRATEGIES = ("separate", "fused")
+
+# Elementwise kernels need no reassociation (no reductions): ``contract`` only, so that the fp32
+# multiplications run in the written order and ``fused`` and ``separate`` give the same fp32 bits.
+_FASTMATH = set(vmath.VMATH_FASTMATH)
+_dev = device(fastmath=_FASTMATH, forceinline=True)
+
+FUSED, SILU, MUL = 0, 1, 2  # the kernel's ``mode``: what one tile task computes
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels: one prange iteration = one [rows, cols] UB tile (a pypto.loop iteration on an AI
+# vector core); offsets are uint64 (machine/jit.py)
+
+
+@_dev
+def _fused_row(a, a_off, b, b_off, out, o_off, n, lim):
+    """``out[o_off:][:n] = cast(silu(clamp(gate)) * clamp(up))``, gate from ``a``, up from ``b``."""
+    for j in range(n):
+        g = _clamp_gate(dtypes.widen(a[a_off + j]), lim)
+        u = _clamp_up(dtypes.widen(b[b_off + j]), lim)
+        out[o_off + j] = dtypes.narrow(out, _silu(g) * u)
+
+
+@_dev
+def _silu_row(a, a_off, out, o_off, n, lim):
+    """``out[o_off:][:n] = cast(silu(clamp(gate)))``: the silu kernel of ``separate``."""
+    for j in range(n):
+        out[o_off + j] = dtypes.narrow(out, _silu(_clamp_gate(dtypes.widen(a[a_off + j]), lim)))
+
+
+@_dev
+def _mul_row(a, a_off, b, b_off, out, o_off, n, lim):
+    """``out[o_off:][:n] = cast(h * clamp(up))``, h from ``a``: the mul kernel of ``separate``."""
+    for j in range(n):
+        out[o_off + j] = dtypes.narrow(out, dtypes.widen(a[a_off + j]) * _clamp_up(dtypes.widen(b[b_off + j]), lim))
+
+
+@kernel(fastmath=_FASTMATH)
+def _swiglu_kernel(
+    a,
+    a_off,
+    a_stride,
+    b,
+    b_off,
+    b_stride,
+    out,
+    n_rows,
+    n_cols,
+    rows_per_task,
+    col_tile,
+    mode,
+    lim,
+    ops_per_elem,
+):
+    """One kernel of a strategy over ``[n_rows, n_cols]`` results -> the cost counters.
+
+    Parameters
+    ----------
+    a, b : flat kernel views of the operands (the same array for a packed gate|up tensor); row r,
+        column c of an operand is ``a[a_off + r * a_stride + c]`` (``b`` alike)
+    out : flat ``[n_rows, n_cols]`` kernel view of the result (or of the workspace h)
+    rows_per_task, col_tile : the ``[rows, cols]`` UB tile of one task (tails are valid shapes)
+    mode : ``FUSED`` (a = gate, b = up), ``SILU`` (a = gate, b unused) or ``MUL`` (a = h, b = up)
+    lim : the clamp limit (``+inf``: no clamp)
+    ops_per_elem : vector ops counted per element
+    """
+    n_cb = (n_cols + col_tile - 1) // col_tile
+    n_tasks = ((n_rows + rows_per_task - 1) // rows_per_task) * n_cb
+    read_per_elem = a.itemsize + (0 if mode == SILU else b.itemsize)
+    write_per_elem = out.itemsize
+    lim32 = np.float32(lim)
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    for t in prange(n_tasks):
+        rb = t // n_cb
+        c0 = (t - rb * n_cb) * col_tile
+        r0 = rb * rows_per_task
+        r1 = min(n_rows, r0 + rows_per_task)
+        cols = min(col_tile, n_cols - c0)  # valid shape of the tail tile
+        n = np.uint64(cols)
+        for r in range(r0, r1):
+            ao = np.uint64(a_off + r * a_stride + c0)
+            bo = np.uint64(b_off + r * b_stride + c0)
+            oo = np.uint64(r * n_cols + c0)
+            if mode == FUSED:
+                _fused_row(a, ao, b, bo, out, oo, n, lim32)
+            elif mode == SILU:
+                _silu_row(a, ao, out, oo, n, lim32)
+            else:
+                _mul_row(a, ao, b, bo, out, oo, n, lim32)
+        elems = (r1 - r0) * cols
+        tasks += 1
+        gm_read += elems * read_per_elem
+        gm_write += elems * write_per_elem
+        vector_ops += elems * ops_per_elem
+    return tasks, gm_read, gm_write, vector_ops, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# plans
+
+
+def _check_limit(where, limit):
+    """None (no clamp) or the clamp limit as a float (finite and > 0 in fp32)."""
+    if limit is None:
+        return None
+    ok = not isinstance(limit, (bool, np.bool_)) and isinstance(limit, numbers.Real)
+    if ok:
+        try:
+            with np.errstate(over="ignore"):
+                lim32 = np.float32(float(limit))
+        except OverflowError:  # an int beyond any float
+            lim32 = np.float32(np.inf)
+        ok = bool(np.isfinite(lim32) and lim32 > 0)
+    if not ok:
+        raise ConstraintError(
+            f"{where}: limit must be a finite number > 0 in fp32 (the clamp: gate <= limit, "
+            f"-limit <= up <= limit; DeepSeek-V4 uses 10.0) or None for no clamp, got {limit!r}")
+    return float(limit)
+
+
+def _default_tile(prof):
+    """The profile's ``swiglu_tile``, else its elementwise ``gelu_tile`` (elements per UB tile)."""
+    return prof.tiles["swiglu_tile"] if "swiglu_tile" in prof.tiles else prof.tile("gelu_tile")
+
+
+# UB tiles per kernel: (storage tiles, fp32 tiles on fp32 storage, fp32 tiles on bf16/fp16)
+_TILES = {
+    "swiglu_fused": (("gate_ub", "up_ub", "y_ub"), ("sig_ub",), ("gate_f_ub", "up_f_ub", "sig_ub")),
+    "swiglu_silu": (("gate_ub", "h_ub"), ("sig_ub",), ("gate_f_ub", "sig_ub")),
+    "swiglu_mul": (("h_ub", "up_ub", "y_ub"), (), ("h_f_ub", "up_f_ub")),
+}
+
+
+def _ub_per_elem(name, dtype):
+    storage, f32, f16 = _TILES[name]
+    return len(storage) * dtypes.itemsize(dtype) + 4 * len(f32 if dtype == "fp32" else f16)
+
+
+def _ops(name, dtype, clamp):
+    half = int(dtype != "fp32")
+    if name == "swiglu_fused":
+        return SILU_OPS + MUL_OPS + clamp * (GATE_CLAMP_OPS + UP_CLAMP_OPS) + 3 * half
+    if name == "swiglu_silu":
+        return SILU_OPS + clamp * GATE_CLAMP_OPS + 2 * half
+    return MUL_OPS + clamp * UP_CLAMP_OPS + 3 * half
+
+
+@memo_plan
+def _plan(kind, shape, dtype, *, limit=None, profile=None, tile=None) -> Plan:
+    prof = load_profile(profile)
+    where = f"swiglu.{kind}"
+    dtype = inputs.storage_dtype(dtype, where)
+    shape = tuple(int(d) for d in shape)
+    inputs.check_rank(shape, "gate", where)
+    inputs.check_size(shape, "gate", where)  # plans answer advise() too: same limits as the data path
+    limit = _check_limit(where, limit)
+    tile = _default_tile(prof) if tile is None else inputs.positive_int(tile, "tile", where)
+    n_cols = shape[-1]
+    n_rows = _math.prod(shape[:-1])
+    cols = min(tile, align_elems(n_cols, dtype, prof))
+    rows = max(1, min(n_rows, tile // cols))
+    tasks = -(-n_rows // rows) * -(-n_cols // cols)
+    names = ("swiglu_fused",) if kind == "fused" else ("swiglu_silu", "swiglu_mul")
+    b = dtypes.itemsize(dtype)
+    block = prof.align_bytes // b
+    per_elem = max(_ub_per_elem(name, dtype) for name in names)
+    hint = f"use tile <= {prof.limit('UB') // per_elem // block * block} (a multiple of {block})"
+    n = n_rows * n_cols
+    clamp = int(limit is not None)
+    kernels = []
+    for name in names:
+        storage, f32, f16 = _TILES[name]
+        bufs = [vector_tile(t, (rows, cols), dtype, prof, where, hint) for t in storage]
+        bufs += [vector_tile(t, (rows, cols), "fp32", prof, where, hint) for t in (f32 if dtype == "fp32" else f16)]
+        ops = _ops(name, dtype, clamp)
+        reads = 1 if name == "swiglu_silu" else 2
+        kernels.append(KernelPlan(name=name, unit="vector", tasks=tasks, buffers=tuple(bufs),
+                                  gm_read_bytes=reads * n * b, gm_write_bytes=n * b,
+                                  workspace_bytes=n * b if name == "swiglu_silu" else 0, vector_ops=n * ops))
+    params = {"tile": tile, "rows_per_task": rows, "col_tile": cols, "n_rows": n_rows, "n_cols": n_cols,
+              "limit": limit, "ops_per_elem": tuple(k.vector_ops // n for k in kernels)}
+    return Plan(op="swiglu", strategy=kind, dtype=dtype, profile=prof, kernels=tuple(kernels), params=params,
+                hint=hint)
+
+
+def plan_separate(shape, dtype="fp32", *, limit=None, profile=None, tile=None) -> Plan:
+    """Plan of :func:`separate` for a result (gate) of ``shape`` ``[..., I]`` and storage ``dtype``."""
+    return _plan("separate", shape, dtype, limit=limit, profile=profile, tile=tile)
+
+
+def plan_fused(shape, dtype="fp32", *, limit=None, profile=None, tile=None) -> Plan:
+    """Plan of :func:`fused` for a result (gate) of ``shape`` ``[..., I]`` and storage ``dtype``."""
+    return _plan("fused", shape, dtype, limit=limit, profile=profile, tile=tile)
+
+
+# ---------------------------------------------------------------------------------------------
+# public strategies
+
+
+class _Workspaces:
+    """``separate``'s GM intermediate h, reused by the calls of one signature (a fresh multi-MiB
+    array per call costs page faults comparable to the kernels, machine/jit.py). Each call takes
+    its own (``list.pop``/``append`` are atomic), so two Python threads never share one."""
+
+    def __init__(self, shape, dtype):
+        self._shape, self._dtype, self._free = shape, dtype, []
+
+    def take(self):
+        try:
+            return self._free.pop()
+        except IndexError:
+            return tiles.aligned_empty(self._shape, self._dtype)[1].reshape(-1)
+
+    def give(self, h):
+        self._free.append(h)
+
+
+class _Call:
+    """What a call derives from its signature (kept per signature in ``_CALLS``)."""
+
+    __slots__ = ("where", "kind", "plan", "shape", "dtype", "geometry", "lim", "shapes", "workspaces")
+
+    def __init__(self, where, kind, plan, shape, dtype, geometry, shapes):
+        self.where, self.kind, self.plan, self.shape, self.dtype = where, kind, plan, shape, dtype
+        self.geometry = geometry  # (gate offset, gate row stride, up offset, up row stride)
+        limit = plan.params["limit"]
+        self.lim = np.inf if limit is None else limit
+        self.shapes = shapes
+        rows_cols = (plan.params["n_rows"], plan.params["n_cols"])
+        self.workspaces = _Workspaces(rows_cols, dtype) if kind == "separate" else None
+
+
+_CALLS = CallMemo()
+
+
+def _check_out_signature(where, out, shape, dtype):
+    if not isinstance(out, np.ndarray) or dtypes.storage_name(out.dtype) != dtype:
+        got = out.dtype if isinstance(out, np.ndarray) else type(out).__name__
+        raise DTypeError(f"{where}: out must be a numpy array of the inputs' dtype ({dtype}), got {got}")
+    if out.shape != shape:
+        raise ShapeError(f"{where}: out must have the result's shape {shape}, got {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ConstraintError(f"{where}: out must be a writeable C-contiguous array")
+
+
+def _check_out_memory(where, out, x, up):
+    """Writeable; for two tensors out may be gate or up itself (in place), else apart from both;
+    for a packed x, apart from x (the result is half its size)."""
+    if not out.flags.writeable:
+        raise ConstraintError(f"{where}: out must be a writeable C-contiguous array")
+    if up is None:
+        if np.may_share_memory(out, x):
+            raise ConstraintError(f"{where}: out overlaps x; the [..., I] result cannot be written into "
+                                  f"the packed [..., 2*I] x: pass a separate array")
+        return
+    for name, a in (("gate", x), ("up", up)):
+        if tiles.address(out) != tiles.address(a) and np.may_share_memory(out, a):
+            raise ConstraintError(f"{where}: out overlaps {name} partially; pass out={name} (in place) or a "
+                                  f"separate array")
+
+
+def _prepare(kind, x, up, limit, profile, tile, out):
+    where = f"swiglu.{kind}"
+    if up is None:
+        xt = inputs.tensor(x, "x", where)
+        width = xt.shape[-1]
+        if width % 2:
+            raise ShapeError(f"{where}: x's last dim {width} is odd; one tensor is x[..., 2*I] = [gate | up] "
+                             f"(gate = x[..., :I]); pass gate and up as two tensors instead")
+        shape = xt.shape[:-1] + (width // 2,)
+        geometry = (0, width, width // 2, width)
+        dtype, tensors = xt.dtype, (xt,)
+    else:
+        gt = inputs.tensor(x, "gate", where)
+        ut = inputs.tensor(up, "up", where)
+        if ut.shape != gt.shape:
+            raise ShapeError(f"{where}: up must have gate's shape {gt.shape}, got {ut.shape}")
+        dtype = inputs.same_dtype(where, gate=gt, up=ut)
+        shape = gt.shape
+        geometry = (0, shape[-1], 0, shape[-1])
+        tensors = (gt, ut)
+    p = _plan(kind, shape, dtype, limit=limit, profile=profile, tile=tile)
+    if out is not None:
+        _check_out_signature(where, out, shape, dtype)
+    c = _Call(where, kind, p, shape, dtype, geometry, [t.shape for t in tensors])
+    arrays = (tensors[0].array, None if up is None else tensors[1].array)
+    return c, arrays, sum(t.copied_bytes for t in tensors)
+
+
+def _launch(c, x, up, out, copied):
+    if out is None:
+        result, out_k = tiles.aligned_empty(c.shape, c.dtype)
+    else:
+        _check_out_memory(c.where, out, x, up)
+        result, out_k = out, dtypes.kernel_view(out)
+    xk = dtypes.kernel_view(x).reshape(-1)
+    uk = xk if up is None else dtypes.kernel_view(up).reshape(-1)
+    ok = out_k.reshape(-1)
+    g_off, g_stride, u_off, u_stride = c.geometry
+    prm = c.plan.params
+    shape = (prm["n_rows"], prm["n_cols"], prm["rows_per_task"], prm["col_tile"])
+    ops = prm["ops_per_elem"]
+    with Launch(c.plan, c.shapes) as run:
+        if c.kind == "fused":
+            run.count(_swiglu_kernel(xk, g_off, g_stride, uk, u_off, u_stride, ok, *shape, FUSED, c.lim, ops[0]))
+        else:
+            h = c.workspaces.take()  # silu(gate) in GM, the storage dtype
+            run.count(_swiglu_kernel(xk, g_off, g_stride, xk, 0, 0, h, *shape, SILU, c.lim, ops[0]),
+                      workspace_bytes=h.nbytes)
+            run.count(_swiglu_kernel(h, 0, prm["n_cols"], uk, u_off, u_stride, ok, *shape, MUL, c.lim, ops[1]))
+            c.workspaces.give(h)
+        run.workspace(copied)
+    return result
+
+
+def _call(kind, x, up, limit, profile, tile, out):
+    key = _CALLS.key(profile, (x, up, out), (kind, limit, tile))
+    c, arrays, copied = _CALLS.through(key, _prepare, kind, x, up, limit, profile, tile, out)
+    return _launch(c, *(arrays or (x, up)), out, copied)
+
+
+@register("swiglu", "separate", plan=plan_separate,
+          summary="silu kernel, then mul kernel: silu(gate) written to GM and read back (2 kernels)")
+def separate(x, up=None, *, limit=None, profile=None, tile=None, out=None):
+    """``silu(gate) * up`` as two vector kernels: ``h = cast(silu(gate))`` to a GM workspace, then
+    ``cast(h * up)`` (two roundings in bf16/fp16; the same bits as :func:`fused` in fp32).
+
+    ``separate(x)``: ``x[..., 2*I]`` holds gate (first half) and up (second half);
+    ``separate(gate, up)``: two tensors of one shape ``[..., I]`` and dtype. Result ``[..., I]``.
+    ``limit``: clamp ``gate <= limit`` and ``-limit <= up <= limit`` first (DeepSeek-V4: 10.0;
+    None: no clamp); ``tile``: elements per UB tile (default: the profile's ``swiglu_tile``, else
+    ``gelu_tile``); ``out``: write into this array (the result's shape and dtype; with two tensors
+    it may be gate or up itself).
+    """
+    return _call("separate", x, up, limit, profile, tile, out)
+
+
+@register("swiglu", "fused", plan=plan_fused,
+          summary="silu(gate) * up in one vector kernel (fp32 math, one rounding)")
+def fused(x, up=None, *, limit=None, profile=None, tile=None, out=None):
+    """``silu(gate) * up`` in one vector kernel: fp32 math, one cast to the storage dtype.
+
+    ``fused(x)`` with ``x[..., 2*I] = [gate | up]`` (gate = ``x[..., :I]``) or ``fused(gate, up)``;
+    options as :func:`separate`. Saves the silu kernel's GM write and the mul kernel's re-read of
+    it (2*N*I*b bytes) and a launch.
+    """
+    return _call("fused", x, up, limit, profile, tile, out)
+
+
+# the third strategy lives with the cube walk it extends (linear.py), registered as swiglu.epilogue
+from .linear import gate_up_swiglu as epilogue, plan_gate_up_swiglu as plan_epilogue
+
+
+# --- lab spec ---
+# What compare, advise and report need to know about swiglu (pypto_numba/lab/spec.py).
+
+def reference(x, up=None, limit=None):
+    """Float64 ``silu(gate) * up`` (gate and up the halves of ``x`` when ``up`` is None), the clamp
+    at the limit as the kernels hold it (fp32); ``silu(-inf) = 0``."""
+    from scipy import special
+
+    from .reference import f64
+
+    v = f64(x)
+    if up is None:
+        half = v.shape[-1] // 2
+        g, u = v[..., :half], v[..., half:]
+    else:
+        g, u = v, f64(up)
+    if limit is not None:
+        lim = float(np.float32(limit))
+        g = np.minimum(g, lim)  # NaN stays NaN
+        u = np.clip(u, -lim, lim)
+    with np.errstate(invalid="ignore", over="ignore"):
+        h = np.where(g == -np.inf, 0.0, g * special.expit(g))
+        return h * u
+
+
+def _advise(profile, tokens=16, intermediate=6144, dtype="bf16", limit=None, hidden=None):
+    from .lab import Candidate
+    from .linear import plan_fused_bias
+
+    shape = (tokens, intermediate)
+    sep = lambda: (plan_separate(shape, dtype, limit=limit, profile=profile),)
+    fus = lambda: (plan_fused(shape, dtype, limit=limit, profile=profile),)
+    notes = ["separate writes silu(gate) to GM and reads it back: one kernel and 2*tokens*intermediate*b GM bytes "
+             "more than fused, and in bf16/fp16 one more rounding"]
+    if hidden is None:
+        notes.append("the activation alone (pass hidden= to price the gate/up projections and swiglu.epilogue)")
+        return [Candidate("separate", sep, fused=False), Candidate("fused", fus)], "fused", notes
+    xs, ws = (tokens, hidden), (intermediate, hidden)
+    proj = lambda: 2 * (plan_fused_bias(xs, ws, dtype, bias=False, profile=profile),)
+    cands = [Candidate("separate", lambda: proj() + sep(), fused=False),
+             Candidate("fused", lambda: proj() + fus(), fused=False),
+             Candidate("epilogue", lambda: (plan_epilogue(xs, ws, dtype, limit=limit, profile=profile),))]
+    notes.append(f"with hidden={hidden}: separate and fused include the two projections (linear.fused_bias, "
+                 "gate and up written to GM); epilogue keeps both in L0C and writes only the result")
+    return cands, "fused", notes
+
+
+def _make(shape, dtype, rng):
+    """gate (spread over the sigmoid's range) and up, of one shape."""
+    from .lab import normal
+
+    return normal(shape, dtype, rng, 3.0), normal(shape, dtype, rng)
+
+
+def _variants():
+    """compare's rows on (gate, up): separate and fused (epilogue takes x and the weights instead)."""
+    from .lab import Variant
+
+    ref = lambda gate, up, limit=None, **o: reference(gate, up, limit)
+    return [Variant("separate", separate, ref), Variant("fused", fused, ref, True)]
+
+
+def _lab_spec():
+    from .lab import Inputs, OpSpec, Seed
+
+    return OpSpec(
+        name="swiglu",
+        seed=Seed("fused", "separate",
+                  "the seed's SwiGLU row: silu(gate) * up as one expression, mul(mul(gate, sigmoid(gate)), up) "
+                  "(npu-facts 1.2); fused runs it as one vector kernel, separate as a silu and a mul kernel"),
+        inputs=Inputs(make=_make, default_shape=(64, 6144), help="gate/up shape [..., I], e.g. 64,6144"),
+        variants=_variants,
+        advise=_advise,
+        oracles={"swiglu": reference},
+    )
+
+
+OP = _lab_spec()
