@@ -42,6 +42,7 @@ added, and the sum rounded once, in the epilogue, ``machine/cube/epilogue.py``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numba
@@ -50,6 +51,7 @@ from numba import prange
 
 from . import inputs
 from .errors import ShapeError
+from .interop import torch_aware
 from .machine import cube, dtypes
 from .machine.cube.epilogue import epilogue_swiglu
 from .machine.jit import kernel
@@ -386,8 +388,7 @@ def plan_gate_up_swiglu(x_shape, w_shape, dtype="fp32", *, limit=None, profile=N
     return _plan_gate_up(x_shape, w_shape, dtype, limit, profile, cube_tiles)
 
 
-@register("swiglu", "epilogue", plan=plan_gate_up_swiglu,
-          summary="gate and up projections in one cube kernel, SwiGLU in its epilogue (no gate/up in GM)")
+@functools.partial(torch_aware, where="linear.gate_up_swiglu")  # swiglu.epilogue registers it
 def gate_up_swiglu(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None):
     """``silu(x @ w_gate^T) * (x @ w_up^T)`` in one mixed kernel: both products accumulate in fp32
     (L0C) for the same [mL1, nL1] block and the epilogue applies the activation (with ``limit``:

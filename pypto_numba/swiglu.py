@@ -431,8 +431,15 @@ def fused(x, up=None, *, limit=None, profile=None, tile=None, out=None):
     return _call("fused", x, up, limit, profile, tile, out)
 
 
-# the third strategy lives with the cube walk it extends (linear.py), registered as swiglu.epilogue
-from .linear import gate_up_swiglu as epilogue, plan_gate_up_swiglu as plan_epilogue
+from .linear import gate_up_swiglu, plan_gate_up_swiglu as plan_epilogue  # noqa: E402
+
+
+@register("swiglu", "epilogue", plan=plan_epilogue,
+          summary="gate and up projections in one cube kernel, SwiGLU in its epilogue (no gate/up in GM)")
+def epilogue(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None):
+    """``silu(x @ w_gate^T) * (x @ w_up^T)`` with the activation in the cube epilogue of the gate/up
+    projections: :func:`pypto_numba.linear.gate_up_swiglu` (the cube walk it extends lives there)."""
+    return gate_up_swiglu.__wrapped__(x, w_gate, w_up, limit=limit, profile=profile, cube_tiles=cube_tiles)
 
 
 # --- lab spec ---
