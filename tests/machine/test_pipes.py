@@ -245,3 +245,26 @@ def test_sim_model_by_hand():
     # the simulator's formula knows no shared HBM: a streaming kernel on all cores is faster than the pipes model says
     big = vector_plan(A2.vector_cores, 1 << 16, tiles=64)
     assert big.estimate(model="sim").seconds < big.estimate().seconds
+
+
+def test_plans_state_their_distinct_bytes():
+    from pypto_numba import rmsnorm, softmax
+
+    on = softmax.plan_online((64, 32768), "bf16").cost
+    assert 2 * on.gm_unique_bytes == on.gm_read_bytes  # the second pass re-reads every row
+    rn = rmsnorm.plan_plain((4096, 2048), "bf16").cost
+    assert rn.gm_unique_bytes == 4096 * 2048 * 2 + 2048 * 2  # x once, the weight row once
+    # a decode linear (one row of 32 tasks) reads every weight once and x once per task: the
+    # derived walk's distinct bytes are x and the weight, exactly
+    dec = linear.plan_fused_bias((1, 4096), (4096, 4096), "bf16", bias=False).cost
+    assert dec.gm_read_bytes == 32 * 4096 * 2 + 4096 * 4096 * 2
+    assert dec.gm_unique_bytes == 4096 * 2 + 4096 * 4096 * 2
+
+
+def test_rsqrt_is_cheaper_than_recip_sqrt():
+    from pypto_numba import rmsnorm
+
+    vec = [rmsnorm.plan_plain((4096, 128), "bf16", inv=inv).estimate().kernels[0]["vector_instructions"]
+           for inv in ("rsqrt", "recip_sqrt")]
+    assert "TRSQRT" in vec[0] and "TRSQRT" not in vec[1]
+    assert sum(vec[0].values()) < sum(vec[1].values())
