@@ -50,6 +50,12 @@ NEG_INF = -np.inf  # GELU(-inf) = 0 (the limit); the formula alone gives -inf * 
 # erf: *1/sqrt(2), erf, +1, *x, *0.5; each 16-bit storage dtype adds a cast in and a cast out
 OPS = {"tanh": 9, "erf": 5}
 CAST_OPS = 2
+# the same steps as instructions of the vector ISA (machine/isa.py; "tanh" and "erf" are sequences
+# whose expansion depends on the ISA variant), per element; + 2 TCVT for bf16/fp16
+MIX = {
+    "tanh": (("TMUL", 3), ("TMULS", 3), ("TADD", 1), ("tanh", 1), ("TADDS", 1)),
+    "erf": (("TMULS", 2), ("erf", 1), ("TADDS", 1), ("TMUL", 1)),
+}
 MATHS = ("fp32", "storage")
 
 
@@ -259,6 +265,10 @@ def _plan(variant: str, shape, dtype: str, *, profile=None, tile=None, math="fp3
         vector_tile("y_ub", (tile,), dtype, prof, where, hint),
     ] + [vector_tile(f"tmp{i}_ub", (tile,), "fp32", prof, where, hint) for i in range(temps)]
     ops = OPS[variant] + (CAST_OPS if dtype != "fp32" else 0)
+    math_dtype = "fp32" if math == "fp32" else dtype
+    mix = tuple((kind, math_dtype, n * count) for kind, count in MIX[variant])
+    if dtype != "fp32":
+        mix += (("TCVT", dtype, n * CAST_OPS),)
     k = KernelPlan(
         name=f"gelu_{variant}",
         unit="vector",
@@ -267,6 +277,13 @@ def _plan(variant: str, shape, dtype: str, *, profile=None, tile=None, math="fp3
         gm_read_bytes=n * b,
         gm_write_bytes=n * b,
         vector_ops=n * ops,
+        gm_unique_bytes=n * b,
+        tiles_per_task=1,
+        load_bytes=min(n, tile) * b,
+        store_bytes=min(n, tile) * b,
+        vector_mix=mix,
+        vector_tile_elems=min(n, tile),
+        vector_cols=min(n, tile),
     )
     return Plan(op="gelu", strategy=variant, dtype=dtype, profile=prof, kernels=(k,),
                 params={"tile": tile, "math": math, "ops_per_elem": ops}, hint=hint)

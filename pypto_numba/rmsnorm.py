@@ -285,8 +285,26 @@ def _plan(kind, x_shape, dtype, rdtype, wdtype, offset, inv, profile, token_tile
         gm_read += elems * br
         gm_write += elems * br
         ops += elems * ADD_OPS + int(rname != "fp32") * elems * CAST_OPS
+    # the same steps as vector instructions (machine/isa.py): x*x, row sum, *inv, *w per element;
+    # *1/D, +eps and rsqrt or sqrt + division per row; casts; the weight's cast / offset per task
+    mix = [("TMUL", "fp32", 3 * elems), ("TROWSUM", "fp32", elems), ("TMULS", "fp32", N),
+           ("TADDS", "fp32", N), (inv, "fp32", N)]
+    if name != "fp32":
+        mix.append(("TCVT", name, elems * CAST_OPS))
+    if wname != "fp32":
+        mix.append(("TCVT", wname, tasks * D))
+    if offset != 0.0:
+        mix.append(("TADDS", "fp32", tasks * D))
+    unique = elems * bx + D * bw  # the weight row is re-read by every task
+    if add:
+        mix.append(("TADD", "fp32", elems))
+        if rname != "fp32":
+            mix.append(("TCVT", rname, elems * CAST_OPS))
+        unique += elems * br
     k = KernelPlan(name=f"rmsnorm_{kind}", unit="vector", tasks=tasks, buffers=tuple(bufs),
-                   gm_read_bytes=gm_read, gm_write_bytes=gm_write, vector_ops=ops)
+                   gm_read_bytes=gm_read, gm_write_bytes=gm_write, vector_ops=ops,
+                   gm_unique_bytes=unique, vector_mix=tuple(mix), vector_tile_elems=min(T, N) * D,
+                   vector_cols=D)
     return Plan(op="rmsnorm", strategy=kind, dtype=name, profile=prof, kernels=(k,),
                 params={"token_tile": T, "inv": inv, "offset": offset, "weight_dtype": wname,
                         "residual_dtype": rname if add else None}, hint=hint)

@@ -286,6 +286,23 @@ def _ops(dtype, has_mask, scale):
     return half + int(scale is not None) + int(bool(has_mask)), half
 
 
+def _mix(dtype, has_mask, scale, n, steps, passes=1):
+    """The vector instructions (machine/isa.py) over ``n`` elements: per pass the cast in, the
+    scale and the mask, then ``steps`` ((instruction, count), ...), then the cast out."""
+    pre = []
+    if dtype != "fp32":
+        pre.append(("TCVT", dtype, n))
+    if scale is not None:
+        pre.append(("TMULS", "fp32", n))
+    if has_mask:
+        pre.append(("TADD", "fp32", n))
+    mix = [(kind, dt, count * passes) for kind, dt, count in pre]
+    mix += [(kind, "fp32", n * count) for kind, count in steps]
+    if dtype != "fp32":
+        mix.append(("TCVT", dtype, n))
+    return tuple(mix)
+
+
 def _result(strategy, dtype, prof, kernel_plan, params, hint):
     return Plan(op="softmax", strategy=strategy, dtype=dtype, profile=prof, kernels=(kernel_plan,),
                 params=params, hint=hint)
@@ -326,6 +343,11 @@ def plan_whole_row(shape, dtype="fp32", *, has_mask=False, scale=None, profile=N
         gm_read_bytes=n * b + (n * 4 if has_mask else 0),
         gm_write_bytes=n * b,
         vector_ops=n * ops,
+        # max, sub, exp, sum, div as instructions
+        vector_mix=_mix(dtype, has_mask, scale, n, (("TROWMAX", 1), ("TSUB", 1), ("TEXP", 1),
+                                                    ("TROWSUM", 1), ("TDIV", 1))),
+        vector_tile_elems=rows * width,
+        vector_cols=width,
     )
     params = dict(rows_per_task=rows, length=length, n_rows=n_rows, ops_per_elem=ops, width=width)
     return _result("whole_row", dtype, prof, k, params, hint)
@@ -374,6 +396,13 @@ def plan_online(shape, dtype="fp32", *, has_mask=False, scale=None, profile=None
         gm_read_bytes=2 * (n * b + (n * 4 if has_mask else 0)),
         gm_write_bytes=n * b,
         vector_ops=n * ops + n_rows * n_tiles * ONLINE_TILE_OPS,
+        gm_unique_bytes=n * b + (n * 4 if has_mask else 0),  # the second pass re-reads the row
+        # pass 1: max, sub, exp, sum; pass 2: sub, exp, div; per (row, tile): max, exp, mul
+        vector_mix=_mix(dtype, has_mask, scale, n, (("TROWMAX", 1), ("TSUB", 2), ("TEXP", 2),
+                                                    ("TROWSUM", 1), ("TDIV", 1)), passes=2)
+        + (("TMAX", "fp32", n_rows * n_tiles), ("TEXP", "fp32", n_rows * n_tiles), ("TMUL", "fp32", n_rows * n_tiles)),
+        vector_tile_elems=rows * width,
+        vector_cols=width,
     )
     params = dict(rows_per_task=rows, col_tile=width, length=length, n_rows=n_rows, ops_per_elem=ops,
                   width=width, n_tiles=n_tiles)

@@ -1,7 +1,20 @@
-"""What a run costs on the NPU, and a roofline estimate of its time on a hardware profile.
+"""What a run costs on the NPU, and estimates of its time on a hardware profile.
 
 A :class:`Cost` is both predicted (by a strategy's plan, from shapes alone) and counted (by the
-kernels, at the points where they move or compute). Tests hold the two equal.
+kernels, at the points where they move or compute). Tests hold the two equal for the counted
+fields. Two fields are plan-only, which no kernel counts: ``gm_unique_bytes`` (the distinct GM
+bytes among ``gm_read_bytes``: what the L2 can serve again is ``gm_read_bytes - gm_unique_bytes``)
+and ``work`` (the pipe model's per-task inputs, machine/pipes.py). A counted Cost takes them from
+its plan's kernel, so they are equal by construction and ``differences`` leaves them out.
+
+``Cost.estimate(profile, dtype, model=...)`` has three models:
+
+- ``"pipes"`` (the default): the per-pipe model of machine/pipes.py (MTE2, MTE1, CUBE, VECTOR,
+  FIXPIPE, MTE3 per task, double-buffered overlap, waves over the cores, shared HBM and L2,
+  launch and AICPU overheads); docs/model.md.
+- ``"sim"``: the hicann simulator's per-tile-op cycle formula (machine/sim.py), a second
+  estimator to compare with;
+- ``"roofline"``: the first model, kept for comparison, below.
 
 Counts add up across kernels; buffer peaks take the maximum. A Cost that is the sum of several
 kernels remembers each kernel's own Cost (``kernel_costs()``) so the estimate can be made per
@@ -34,6 +47,8 @@ _COUNTS = (
     "cube_flops",
     "vector_ops",
 )
+_PLANNED = ("gm_unique_bytes",)  # plan-only counts (see the module docstring)
+MODELS = ("pipes", "roofline", "sim")
 _PEAKS = (
     "ub_peak_bytes",
     "l1_peak_bytes",
@@ -59,10 +74,12 @@ class Cost:
     l0c_peak_bytes: int = 0
     cube_flops: int = 0
     vector_ops: int = 0
+    gm_unique_bytes: int = 0
     parts: tuple = dataclasses.field(default=(), compare=False, repr=False)
+    work: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        for name in _COUNTS + _PEAKS:
+        for name in _COUNTS + _PEAKS + _PLANNED:
             value = getattr(self, name)
             if int(value) != value or value < 0:
                 raise ValueError(f"Cost.{name} must be a non-negative integer, got {value!r}")
@@ -82,7 +99,7 @@ class Cost:
     def __add__(self, other: "Cost") -> "Cost":
         if not isinstance(other, Cost):
             return NotImplemented
-        values = {n: getattr(self, n) + getattr(other, n) for n in _COUNTS}
+        values = {n: getattr(self, n) + getattr(other, n) for n in _COUNTS + _PLANNED}
         values.update({n: max(getattr(self, n), getattr(other, n)) for n in _PEAKS})
         return Cost(**values, parts=self.kernel_costs() + other.kernel_costs())
 
@@ -92,28 +109,42 @@ class Cost:
         return NotImplemented
 
     def as_dict(self) -> dict:
-        return {n: getattr(self, n) for n in _COUNTS + _PEAKS}
+        return {n: getattr(self, n) for n in _COUNTS + _PEAKS + _PLANNED}
 
     def differences(self, other: "Cost") -> dict:
-        """Fields where ``self`` and ``other`` differ: name -> (self, other)."""
+        """Counted fields where ``self`` and ``other`` differ: name -> (self, other)."""
         return {
             n: (getattr(self, n), getattr(other, n))
             for n in _COUNTS + _PEAKS
             if getattr(self, n) != getattr(other, n)
         }
 
-    def estimate(self, profile=None, dtype: str = "bf16") -> "Estimate":
-        """Roofline NPU time on ``profile`` (name or HardwareProfile; None = active profile).
+    def estimate(self, profile=None, dtype: str = "bf16", model: str = "pipes", variant: str = None) -> "Estimate":
+        """NPU time on ``profile`` (name or HardwareProfile; None = active profile).
 
-        ``dtype`` is the cube operand dtype ("fp32" uses the fp32 cube rate).
+        ``model``: "pipes" (default, machine/pipes.py), "roofline" or "sim" (the hicann
+        simulator's per-tile-op formula, machine/sim.py). ``dtype`` is the cube operand dtype
+        where the Cost carries no plan (the roofline's "fp32" uses the fp32 cube rate).
+        ``variant`` (pipes and sim): the vector ISA reading of machine/isa.py, "pto-isa"
+        (default: tanh composed of exp and div) or "seed" (tanh one instruction).
         """
         from .profile import load_profile
 
+        if model not in MODELS:
+            raise ValueError(f"unknown estimate model {model!r}; known: {', '.join(MODELS)}")
         prof = load_profile(profile)
-        rows = [_kernel_estimate(k, prof, dtype) for k in self.kernel_costs()]
+        if model == "roofline":
+            rows = [_kernel_estimate(k, prof, dtype) for k in self.kernel_costs()]
+        else:
+            from . import isa, pipes, sim
+
+            variant = isa.check_variant(variant)
+            run = pipes.kernel_estimate if model == "pipes" else sim.kernel_estimate
+            rows = [run(k, k.work if k.work is not None else pipes.work_of_cost(k, dtype), prof, variant)
+                    for k in self.kernel_costs()]
         total = sum(r["seconds"] for r in rows)
         bound = max(rows, key=lambda r: r["seconds"])["bound"] if rows else "none"
-        return Estimate(seconds=total, bound=bound, kernels=tuple(rows), profile=prof.name)
+        return Estimate(seconds=total, bound=bound, kernels=tuple(rows), profile=prof.name, model=model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +155,16 @@ class Estimate:
     bound: str
     kernels: tuple = ()
     profile: str = ""
+    model: str = "roofline"
+
+    @property
+    def pipes(self) -> dict:
+        """Busy seconds per pipe summed over the kernels (pipes and sim; {} for the roofline)."""
+        out = {}
+        for row in self.kernels:
+            for pipe, seconds in row.get("pipes", {}).items():
+                out[pipe] = out.get(pipe, 0.0) + seconds
+        return out
 
     @property
     def microseconds(self) -> float:

@@ -79,7 +79,23 @@ class Buffer:
 
 @dataclasses.dataclass(frozen=True)
 class KernelPlan:
-    """One kernel launch: its tile tasks, live buffers, GM traffic and work."""
+    """One kernel launch: its tile tasks, live buffers, GM traffic and work.
+
+    The fields after ``vector_ops`` are optional inputs of the pipe time model
+    (machine/pipes.py); left at their defaults, :func:`~pypto_numba.machine.pipes.work_of_plan`
+    derives them from the fields before. They are plan-only: no kernel counts them.
+
+    - ``gm_unique_bytes``: distinct GM bytes read (None: derived; every byte once for a vector
+      kernel, the walk's operands for a cube kernel);
+    - ``tiles_per_task``: tile steps per task (0: GM reads per task / one tile's loads);
+    - ``load_bytes`` / ``store_bytes``: bytes of one GM read / write transfer (0: the tile's buffers);
+    - ``vector_mix``: ((kind, dtype, elements), ...) over the whole kernel, kinds from
+      machine/isa.py (PTO instructions or sequences such as "tanh"); () charges ``vector_ops`` as
+      fp32 TMULs;
+    - ``vector_tile_elems`` / ``vector_cols``: elements and cols of one vector instruction's tile
+      (0: the largest UB buffer);
+    - ``cube_task``: (M, N, K) of one task's matmul (None: derived from the L1 buffers).
+    """
 
     name: str
     unit: str  # "vector", "cube" or "mixed" (cube + vector in one fused kernel)
@@ -90,15 +106,33 @@ class KernelPlan:
     workspace_bytes: int = 0
     cube_flops: int = 0
     vector_ops: int = 0
+    gm_unique_bytes: int = None
+    tiles_per_task: int = 0
+    load_bytes: int = 0
+    store_bytes: int = 0
+    vector_mix: tuple = ()
+    vector_tile_elems: int = 0
+    vector_cols: int = 0
+    cube_task: tuple = None
 
     def level_bytes(self, level: str) -> int:
         return sum(b.nbytes for b in self.buffers if b.level == level)
 
     @functools.cached_property
+    def work(self):
+        """The pipe model's per-task inputs (:class:`~pypto_numba.machine.pipes.Work`)."""
+        from .pipes import work_of_plan
+
+        return work_of_plan(self)
+
+    @functools.cached_property
     def cost(self) -> Cost:
         """The planned Cost (computed once: plans are immutable and shared, machine/memo.py)."""
         peaks = {field: self.level_bytes(level) for level, field in _PEAK_FIELD.items()}
+        work = self.work
         return Cost(
+            gm_unique_bytes=work.gm_unique_bytes,
+            work=work,
             kernels=1,
             tasks=self.tasks,
             gm_read_bytes=self.gm_read_bytes,
@@ -176,9 +210,10 @@ class Plan:
         """The planned Cost of all kernels (computed once)."""
         return sum((k.cost for k in self.kernels), Cost())
 
-    def estimate(self, profile=None):
-        """Roofline NPU time (see :mod:`pypto_numba.machine.cost`) on this plan's profile."""
-        return self.cost.estimate(profile or self.profile, self.dtype)
+    def estimate(self, profile=None, model: str = "pipes", variant: str = None):
+        """NPU time on this plan's profile (or ``profile``) by ``model`` ("pipes", "roofline", "sim";
+        see :meth:`pypto_numba.machine.cost.Cost.estimate`)."""
+        return self.cost.estimate(profile or self.profile, self.dtype, model=model, variant=variant)
 
 
 def vector_tile(name: str, shape, dtype: str, profile: HardwareProfile, where: str, hint: str = "") -> Buffer:

@@ -62,6 +62,42 @@ class CubeModel:
 
 
 @dataclasses.dataclass(frozen=True)
+class PipeRates:
+    """Constants of the per-pipe time model (``[pipes]``; machine/pipes.py, docs/model.md).
+
+    Per-core transfers follow PTO-ISA's size-dependent fit ``bw(B) = peak * B / (k + B)`` GiB/s
+    (npu-facts 8.6; k = 0 is a flat rate); all cores share the chip's HBM and L2 bandwidths.
+    Overheads are hicann simulator cycles at ``sim_clock_hz`` (npu-facts 5.2)."""
+
+    gm_to_ub_peak_gibs: float   # MTE2 GM -> UB
+    gm_to_ub_k_bytes: float
+    gm_to_l1_peak_gibs: float   # MTE2 GM -> L1
+    gm_to_l1_k_bytes: float
+    ub_to_gm_peak_gibs: float   # MTE3 UB -> GM
+    ub_to_gm_k_bytes: float
+    l2_bytes: int               # the chip's L2
+    hbm_bytes_per_s: float      # assumption: the chip's HBM bandwidth, shared by all cores
+    l2_bytes_per_s: float       # assumption: the chip's L2 bandwidth for re-read (hit) bytes
+    vector_slope_scale: float   # per-element vector cycles relative to the A2/A3 fit (1 on A2/A3)
+    sim_clock_hz: float         # the clock of the hicann cycle counts below
+    stitch_cycles: float        # per kernel launch (device stitch latency)
+    submit_cycles: float        # per kernel launch (submit latency)
+    aicpu_completion_cycles: float  # per task
+    aicpu_scheduler_cycles: float   # per task
+    aicpu_resolve_cycles: float     # per task
+    aicpu_threads: int          # AICPU scheduler threads dispatching tasks
+
+    @property
+    def launch_s(self) -> float:
+        return (self.stitch_cycles + self.submit_cycles) / self.sim_clock_hz
+
+    @property
+    def task_s(self) -> float:
+        """AICPU time per task: completion + resolve + schedule."""
+        return (self.aicpu_completion_cycles + self.aicpu_scheduler_cycles + self.aicpu_resolve_cycles) / self.sim_clock_hz
+
+
+@dataclasses.dataclass(frozen=True)
 class HardwareProfile:
     """One NPU's numbers. Sizes in bytes, rates per second."""
 
@@ -98,6 +134,8 @@ class HardwareProfile:
     tiles: Mapping[str, object] = dataclasses.field(default_factory=dict)
     # the cube's L0 tile cost model ([cube_model])
     cube_model: CubeModel = None
+    # the per-pipe time model ([pipes])
+    pipes: PipeRates = None
 
     def tile(self, key: str):
         """The default tile for ``key`` (e.g. ``"gelu_tile"``); KeyError names the profile."""
@@ -211,23 +249,32 @@ def _build(name: str, data: dict) -> HardwareProfile:
         tiles[key] = _freeze(value)
     kwargs["tiles"] = tiles
     kwargs["cube_model"] = _cube_model(name, data.get("cube_model", {}))
+    kwargs["pipes"] = _section(name, "pipes", PipeRates, data.get("pipes", {}), zero_ok=("_k_bytes",))
     return HardwareProfile(**kwargs)
 
 
 def _cube_model(name: str, section: dict) -> CubeModel:
+    return _section(name, "cube_model", CubeModel, section)
+
+
+def _section(name: str, title: str, cls, section: dict, zero_ok: tuple = ()):
+    """A frozen dataclass of numbers from TOML section [title]: every field present, > 0 (>= 0
+    for the fields whose names end with one of ``zero_ok``)."""
     values = {}
-    for field in dataclasses.fields(CubeModel):
+    for field in dataclasses.fields(cls):
         kind = int if field.type == "int" else float
         try:
             raw = section[field.name]
         except KeyError:
-            raise ProfileError(f"profile {name!r} lacks [cube_model] {field.name}") from None
+            raise ProfileError(f"profile {name!r} lacks [{title}] {field.name}") from None
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or (kind is int and raw != int(raw)):
-            raise ProfileError(f"profile {name!r}: [cube_model] {field.name} = {raw!r} is not a {kind.__name__}")
-        if raw <= 0:
-            raise ProfileError(f"profile {name!r}: [cube_model] {field.name} = {raw!r} must be > 0")
+            raise ProfileError(f"profile {name!r}: [{title}] {field.name} = {raw!r} is not a {kind.__name__}")
+        may_be_zero = any(field.name.endswith(tail) for tail in zero_ok)
+        if raw < 0 or (raw == 0 and not may_be_zero):
+            raise ProfileError(f"profile {name!r}: [{title}] {field.name} = {raw!r} must be "
+                               f"{'>= 0' if may_be_zero else '> 0'}")
         values[field.name] = kind(raw)
-    return CubeModel(**values)
+    return cls(**values)
 
 
 def _freeze(value):

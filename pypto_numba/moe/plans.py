@@ -21,6 +21,22 @@ def _gating_ops_per_row(softmax, E, dtype, use_bias, n_group, top2, top_k, renor
     return ops
 
 
+def _gating_mix(softmax, T, E, dtype, use_bias, n_group, top2, top_k, renormalize):
+    """The gating's vector work by op kind (machine/isa.py): the sigmoid as its exp / add / div
+    sequence or the softmax as max, sub, exp, sum, div per logit; the rest (bias, groups, top-k,
+    gather, renormalisation) as generic element-ops."""
+    n = T * E
+    if softmax:
+        main = (("TROWMAX", "fp32", n), ("TSUB", "fp32", n), ("TEXP", "fp32", n), ("TROWSUM", "fp32", n),
+                ("TDIV", "fp32", n))
+    else:
+        main = (("sigmoid", "fp32", n),)
+    main_ops = (SOFTMAX_OPS if softmax else SIGMOID_OPS) * n
+    cast = n if dtypes.itemsize(dtype) == 2 else 0
+    rest = T * _gating_ops_per_row(softmax, E, dtype, use_bias, n_group, top2, top_k, renormalize) - main_ops - cast
+    return main + ((("TCVT", dtype, cast),) if cast else ()) + (("TMUL", "fp32", rest),)
+
+
 @memo_plan
 def _plan_gating(variant, shape, dtype, *, top_k, n_group, topk_group, group_score, renormalize,
                  bias_dtype, profile, token_tile) -> Plan:
@@ -93,6 +109,10 @@ def _plan_gating(variant, shape, dtype, *, top_k, n_group, topk_group, group_sco
         gm_read_bytes=T * E * dtypes.itemsize(dtype) + tasks * bias_bytes,
         gm_write_bytes=T * top_k * 8,
         vector_ops=T * _gating_ops_per_row(softmax, E, dtype, use_bias, n_group, top2, top_k, renormalize),
+        gm_unique_bytes=T * E * dtypes.itemsize(dtype) + bias_bytes,  # the bias row is re-read per task
+        vector_mix=_gating_mix(softmax, T, E, dtype, use_bias, n_group, top2, top_k, renormalize),
+        vector_tile_elems=min(tile, T) * e32,
+        vector_cols=e32,
     )
     params = {"token_tile": tile, "top_k": top_k, "n_group": n_group, "topk_group": topk_group,
               "group_score": group_score, "renormalize": renormalize, "bias_dtype": bias_dtype}
@@ -159,6 +179,8 @@ def plan_combine(shape, dtype="fp32", *, weights_dtype="fp32", profile=None, tok
         gm_read_bytes=T * K * H * b + n_ht * T * K * dtypes.itemsize(weights_dtype),
         gm_write_bytes=T * H * b,
         vector_ops=T * H * (K * (COMBINE_OPS + cast_in) + cast_in),
+        # the routing weights are re-read by every H tile
+        gm_unique_bytes=T * K * H * b + T * K * dtypes.itemsize(weights_dtype),
     )
     return Plan(op="moe", strategy="combine", dtype=dtype, profile=prof, kernels=(k,),
                 params={"token_tile": tile, "h_tile": h_tile, "weights_dtype": weights_dtype}, hint=hint)

@@ -158,12 +158,15 @@ def _plan(kind, x_shape, cos_shape, dtype, profile, token_tile) -> Plan:
     rows = N * H
     tasks = n_lead * -(-S // T)
     gm_read = rows * D * b
+    unique = gm_read
     ops = 0
     if norm:
         gm_read += tasks * D * b
+        unique += D * b  # the norm weight row is re-read by every task
         ops += rows * D * NORM_OPS + rows * ROW_OPS + cast * (rows * D * 2 + tasks * D)
     if kind != "rmsnorm":
         gm_read += 2 * N * R * b
+        unique += 2 * N * R * b
         ops += rows * R * ROPE_OPS + cast * N * R * 2
         if kind == "interleaved":
             ops += rows * R * SPLIT_OPS + N * 2 * R
@@ -177,6 +180,7 @@ def _plan(kind, x_shape, cos_shape, dtype, profile, token_tile) -> Plan:
         gm_read_bytes=gm_read,
         gm_write_bytes=rows * D * b,
         vector_ops=ops,
+        gm_unique_bytes=unique,
     )
     return Plan(op="rope", strategy=kind, dtype=name, profile=prof, kernels=(k,),
                 params={"token_tile": T, "rot_dim": R}, hint=hint)
@@ -235,6 +239,7 @@ def plan_cos_sin(positions_shape, rot_dim, dtype="fp32", *, profile=None, token_
         gm_read_bytes=P * 8 + tasks * (R // 2) * 8,
         gm_write_bytes=2 * P * R * b,
         vector_ops=P * (R // 2) * 3 + P * 2 * R,
+        gm_unique_bytes=P * 8 + (R // 2) * 8,  # the frequency row is re-read by every task
     )
     return Plan(op="rope", strategy="cos_sin", dtype=name, profile=prof, kernels=(k,),
                 params={"token_tile": T, "rot_dim": R}, hint=hint)

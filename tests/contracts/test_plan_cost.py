@@ -101,25 +101,25 @@ def test_roofline_estimate_terms():
     p = A2
     # memory-bound vector kernel with full occupancy: launch + bytes / bandwidth
     c = Cost(kernels=1, tasks=1000, gm_read_bytes=10**9, gm_write_bytes=10**9, vector_ops=10**6)
-    e = c.estimate(p)
+    e = c.estimate(p, model="roofline")
     assert e.bound == "memory"
     assert e.seconds == pytest.approx(p.launch_s + 2e9 / p.gm_bytes_per_s)
     # cube-bound: 6144^3 fp16 matmul, all 24 cube cores busy
     n = 6144
     mm = Cost(kernels=1, tasks=24 * 16, gm_read_bytes=2 * n * n * 2, gm_write_bytes=n * n * 2, cube_flops=2 * n**3)
-    e = mm.estimate(p, dtype="fp16")
+    e = mm.estimate(p, dtype="fp16", model="roofline")
     assert e.bound == "cube"
     assert e.seconds == pytest.approx(p.launch_s + 2 * n**3 / p.cube_flops_per_s)
     # one task on a 48-core machine: occupancy-bound, 48x slower memory term
     one = Cost(kernels=1, tasks=1, gm_read_bytes=10**8)
-    e = one.estimate(p)
+    e = one.estimate(p, model="roofline")
     assert e.bound == "occupancy"
     assert e.seconds == pytest.approx(p.launch_s + 1e8 / (p.gm_bytes_per_s / p.vector_cores))
     # tiny kernel: launch-bound
-    assert Cost(kernels=1, tasks=48, gm_read_bytes=64).estimate(p).bound == "launch"
+    assert Cost(kernels=1, tasks=48, gm_read_bytes=64).estimate(p, model="roofline").bound == "launch"
     # two kernels are estimated one after the other
     two = c + c
-    assert two.estimate(p).seconds == pytest.approx(2 * c.estimate(p).seconds)
+    assert two.estimate(p, model="roofline").seconds == pytest.approx(2 * c.estimate(p, model="roofline").seconds)
 
 
 def test_kernel_plan_cost_peaks_per_level():
@@ -138,6 +138,6 @@ def test_estimate_against_the_public_matmul_anchor():
 
     plan = linear.plan_fused_bias((6144, 6144), (6144, 6144), "fp16", bias=False)
     assert plan.cost.cube_flops == 2 * 6144**3
-    est = plan.estimate()
+    est = plan.estimate(model="roofline")
     assert 1.0 <= est.seconds / 2.1e-3 <= 2.0, est
     assert est.bound in ("memory", "cube")
