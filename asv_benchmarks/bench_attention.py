@@ -119,6 +119,7 @@ class AttentionDecodeCallTime:
     costs beyond its kernel. A repeated signature skips validation and the plan's key
     (``attention.validation.prepare``; docs/performance.md)."""
 
+    timeout = 600  # a first call compiles its kernels (fresh numba cache, loaded host)
     params = (["standard", "online", "flash"],)
     param_names = ["strategy"]
     number = 20

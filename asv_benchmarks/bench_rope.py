@@ -169,6 +169,7 @@ class RopeDecodeTime:
     """One decode step (x[1, 32, 128] bf16, Qwen3-sized q): the per-call cost of the Python
     path (validation, plan, launch) more than the kernel's. A repeated signature skips what the
     shapes decide (``machine.memo.CallMemo``): 67-87 us per call before, 30-37 us after."""
+    timeout = 600  # a first call compiles its kernels (fresh numba cache, loaded host)
 
     params = (["standard", "fused_rmsnorm"],)
     param_names = ["strategy"]
