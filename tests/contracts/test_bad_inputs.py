@@ -963,7 +963,7 @@ def _limit_address_space(extra_bytes=4 << 30) -> bool:
         return False
 
 
-CASE_SECONDS = 60  # a case that hangs (e.g. a Python loop over a huge count) fails after this
+CASE_SECONDS = 180  # a case that hangs (e.g. a Python loop over a huge count) fails after this
 
 
 class CaseTimeout(Exception):
