@@ -160,17 +160,27 @@ def _attention(
     window=None,
     softcap=None,
     sinks=False,
+    block_size=None,
 ):
     from ..lab import Candidate
 
     q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
     kw = dict(profile=profile, causal=causal, gqa=gqa, window=window, softcap=softcap, has_sinks=sinks)
+    phase = "decode" if q_len == 1 else "prefill"
+    if block_size is not None:  # a paged cache (vLLM layout): online and flash only
+        pages = -(-kv_len // block_size)
+        shapes = (q, (batch * pages, block_size, kv_heads, head_dim), (batch, pages))
+        lens = [kv_len] * batch
+        cands = [Candidate(s, lambda s=s: (plan_paged(s, *shapes, None, dtype, kv_len=lens, **kw),),
+                           fused=s == "flash") for s in ("online", "flash")]
+        notes = (f"paged {phase} scenario (block_size={block_size}, q_len={q_len}, kv_len={kv_len}): "
+                 f"K/V tiles read through the block table; standard takes no paged cache",)
+        return cands, ("online" if phase == "decode" else "flash"), notes
     cands = [
         Candidate("standard", lambda: (plan_standard(q, k, None, dtype, **kw),), fused=False),
         Candidate("online", lambda: (plan_online(q, k, None, dtype, **kw),), fused=False),
         Candidate("flash", lambda: (plan_flash(q, k, None, dtype, **kw),)),
     ]
-    phase = "decode" if q_len == 1 else "prefill"
     notes = (f"{phase} scenario (q_len={q_len}, kv_len={kv_len})",)
     if window is not None:
         notes += (f"sliding window {window!r}: online and flash read only the KV tiles inside it",)

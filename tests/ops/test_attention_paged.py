@@ -73,7 +73,7 @@ def test_causal_prefill_same_bits_as_dense(name, dtype, bs, rng):
     for Hq, Hkv in ((2, 2), (4, 2)):
         B, Sq, D = 2, 37, 16
         kv_len = np.array([Sq + bs + 3, Sq])
-        q, kc, vc, table, kd, vd = paged_case(rng, dtype, B, Hq, Hkv, Sq, D, kv_len, bs, 3)
+        q, kc, vc, table, kd, vd = paged_case(rng, dtype, B, Hq, Hkv, Sq, D, kv_len, bs, -(-(Sq + bs + 3) // bs) + 1)
         fn = STRATEGIES[name]
         out, rec = run_traced(fn, q, kc, vc, block_table=table, kv_len=kv_len, causal=True, kv_tile=32)
         assert_cost_matches_plan(rec)
