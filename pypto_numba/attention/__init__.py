@@ -36,7 +36,8 @@ their size in GM traffic and workspace) and runs as multi-head attention.
 
 from .flash import flash, plan_flash
 from .online import online, plan_online
-from .paged import plan_paged, write_kv
+from .kv_cache import write_kv
+from .paged import plan_paged
 from .standard import plan_standard, standard
 
 __all__ = ["standard", "online", "flash", "plan_standard", "plan_online", "plan_flash", "plan_paged", "write_kv"]

@@ -93,6 +93,19 @@ def test_window_softcap_sinks_same_bits_as_dense(name, rng):
         same_bits(out, fn(q, kd, vd, kv_len=kv_len, kv_tile=32, **opts))
 
 
+def test_mask_and_pv_modes_same_bits_as_dense(rng):
+    """An additive mask over the logical cache [B, Hq, Sq, max_blocks*bs]; online's pv modes."""
+    B, Hq, Hkv, Sq, D, bs = 2, 4, 2, 2, 16, 16
+    kv_len = np.array([45, 30])
+    q, kc, vc, table, kd, vd = paged_case(rng, "bf16", B, Hq, Hkv, Sq, D, kv_len, bs, 4)
+    mask = rng.standard_normal((1, Hq, 1, 4 * bs)).astype(np.float32)
+    mask[..., 3] = -np.inf
+    for fn, opts in ((flash, {}), (online, {}), (online, {"pv": "compensated"}), (online, {"pv": "fp32"})):
+        out, rec = run_traced(fn, q, kc, vc, block_table=table, kv_len=kv_len, mask=mask, kv_tile=32, **opts)
+        assert_cost_matches_plan(rec)
+        same_bits(out, fn(q, kd, vd, kv_len=kv_len, mask=mask, kv_tile=32, **opts))
+
+
 def test_flash_lse_and_default_splits(rng):
     B, Hq, Hkv, D, bs = 1, 4, 1, 64, 64
     kv_len = np.array([1000])
