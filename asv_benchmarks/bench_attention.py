@@ -315,3 +315,38 @@ class AttentionPeakMem:
 
     def peakmem_attention(self, strategy):
         self.fn(self.q, self.k, self.v)
+
+
+class AttentionPagedDecodeTrack:
+    """Paged decode (vLLM layout, block size 128, a shuffled block table) against the contiguous
+    decode of the same cache, B = 4, Hq = 32, Hkv = 8, D = 128, Skv = 32768: the tile loader reads
+    each KV tile through the table (target >= 0.9x the contiguous call's speed)."""
+
+    params = (["online", "flash"], ["fp32", "bf16"])
+    param_names = ["strategy", "dtype"]
+    timeout = 900
+    repeat = 1
+    number = 1
+    B, SKV, BS = 4, 32768, 128
+
+    def setup(self, strategy, dtype):
+        fn = getattr(attention, strategy)
+        q, k, v = _decode(self.B, self.SKV, dtype)
+        B, Hkv, S, D = k.shape
+        pages = S // self.BS
+        table = np.random.default_rng(0).permutation(B * pages).astype(np.int32).reshape(B, pages)
+        kc = np.empty((B * pages, self.BS, Hkv, D), k.dtype)
+        vc = np.empty_like(kc)
+        for b in range(B):  # page table[b, p] holds keys p*BS .. (p+1)*BS - 1 of sequence b
+            kc[table[b]] = k[b].reshape(Hkv, pages, self.BS, D).transpose(1, 2, 0, 3)
+            vc[table[b]] = v[b].reshape(Hkv, pages, self.BS, D).transpose(1, 2, 0, 3)
+        lens = np.full(B, S)
+        self.paged = lambda: fn(q, kc, vc, block_table=table, kv_len=lens)
+        self.dense = lambda: fn(q, k, v, kv_len=lens)
+        self.paged()
+        self.dense()
+
+    def track_paged_vs_contiguous(self, strategy, dtype):
+        return median_ratio(self.paged, self.dense, 7)
+
+    track_paged_vs_contiguous.unit = "x contiguous decode speed"

@@ -26,15 +26,21 @@ Strategies (b = itemsize, rows = B*Hq*Sq)::
 With a window, online and flash skip the KV tiles wholly outside it (a sliding-window decode
 reads about W keys whatever the cache length); standard masks whole rows.
 
+Paged KV cache (online and flash, paged.py): ``k``, ``v`` as vLLM's ``[num_blocks, block_size,
+Hkv, D]`` pages with ``block_table=`` int32 ``[B, max_blocks_per_seq]`` and ``kv_len=``; each KV
+tile is loaded through the table. ``write_kv`` writes new tokens to their slots.
+
 ``gqa="expand_clone"`` prepends two ``repeat_kv.expand_clone`` copy kernels (K and V, G times
 their size in GM traffic and workspace) and runs as multi-head attention.
 """
 
 from .flash import flash, plan_flash
 from .online import online, plan_online
+from .kv_cache import write_kv
+from .paged import plan_paged
 from .standard import plan_standard, standard
 
-__all__ = ["standard", "online", "flash", "plan_standard", "plan_online", "plan_flash"]
+__all__ = ["standard", "online", "flash", "plan_standard", "plan_online", "plan_flash", "plan_paged", "write_kv"]
 
 
 # --- lab spec ---
@@ -155,17 +161,27 @@ def _attention(
     window=None,
     softcap=None,
     sinks=False,
+    block_size=None,
 ):
     from ..lab import Candidate
 
     q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
     kw = dict(profile=profile, causal=causal, gqa=gqa, window=window, softcap=softcap, has_sinks=sinks)
+    phase = "decode" if q_len == 1 else "prefill"
+    if block_size is not None:  # a paged cache (vLLM layout): online and flash only
+        pages = -(-kv_len // block_size)
+        shapes = (q, (batch * pages, block_size, kv_heads, head_dim), (batch, pages))
+        lens = [kv_len] * batch
+        cands = [Candidate(s, lambda s=s: (plan_paged(s, *shapes, None, dtype, kv_len=lens, **kw),),
+                           fused=s == "flash") for s in ("online", "flash")]
+        notes = (f"paged {phase} scenario (block_size={block_size}, q_len={q_len}, kv_len={kv_len}): "
+                 f"K/V tiles read through the block table; standard takes no paged cache",)
+        return cands, ("online" if phase == "decode" else "flash"), notes
     cands = [
         Candidate("standard", lambda: (plan_standard(q, k, None, dtype, **kw),), fused=False),
         Candidate("online", lambda: (plan_online(q, k, None, dtype, **kw),), fused=False),
         Candidate("flash", lambda: (plan_flash(q, k, None, dtype, **kw),)),
     ]
-    phase = "decode" if q_len == 1 else "prefill"
     notes = (f"{phase} scenario (q_len={q_len}, kv_len={kv_len})",)
     if window is not None:
         notes += (f"sliding window {window!r}: online and flash read only the KV tiles inside it",)

@@ -466,8 +466,11 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
           summary="fused flash kernel: state on-chip, masked tiles skipped, split-KV for decode")
 def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
           q_tile=None, kv_tile=None, num_splits=None, return_lse=False, window=None, softcap=None,
-          sinks=None, profile=None):
+          sinks=None, block_table=None, profile=None):
     """Fused flash attention (see the module docstring). ``return_lse=True`` -> (out, lse fp32 [B, Hq, Sq]).
+
+    ``block_table`` (int32 [B, max_blocks_per_seq], with ``kv_len``): k and v are paged caches
+    [num_blocks, block_size, Hkv, D] (paged.py).
 
     ``window``, ``softcap``, ``sinks``: see :func:`validation.validate` (sliding window, Gemma 2
     soft-capping, gpt-oss sinks); the lse includes the sink.
@@ -475,6 +478,12 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
     where = "attention.flash"
     if not isinstance(return_lse, (bool, np.bool_)):
         raise ConstraintError(f"{where}: return_lse must be True or False, got {return_lse!r}")
+    if block_table is not None:
+        from .paged import paged_call  # here: paged.py imports this module
+
+        return paged_call("flash", q, k, v, block_table=block_table, kv_len=kv_len, scale=scale, causal=causal,
+                          mask=mask, gqa=gqa, window=window, softcap=softcap, sinks=sinks, profile=profile,
+                          kv_tile=kv_tile, q_tile=q_tile, num_splits=num_splits, return_lse=return_lse)
     a, p = prepare(where, q, k, v, profile, lambda a: plan_flash(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, q_tile=q_tile, kv_tile=kv_tile,
         num_splits=num_splits, return_lse=return_lse, causal=a.causal, kv_len=a.kv_len,

@@ -316,14 +316,23 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
 @register("attention", "online", plan=plan_online,
           summary="online softmax over KV tiles, state in GM workspace (PyPTO decode)")
 def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
-           kv_tile=None, q_tile=None, pv="storage", window=None, softcap=None, sinks=None, profile=None):
+           kv_tile=None, q_tile=None, pv="storage", window=None, softcap=None, sinks=None, block_table=None,
+           profile=None):
     """Attention by online softmax over ``kv_tile`` KV tiles (see the module docstring).
 
     ``pv``: "storage" rounds P to the storage dtype before P@V (the NPU), "compensated" adds a
     second P@V with the rounding residual (summed in fp32), "fp32" keeps P in fp32.
-    ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`.
+    ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`. ``block_table`` (int32
+    [B, max_blocks_per_seq], with ``kv_len``): k and v are paged caches [num_blocks, block_size,
+    Hkv, D] (paged.py).
     """
     where = "attention.online"
+    if block_table is not None:
+        from .paged import paged_call  # here: paged.py imports this module
+
+        return paged_call("online", q, k, v, block_table=block_table, kv_len=kv_len, scale=scale, causal=causal,
+                          mask=mask, gqa=gqa, window=window, softcap=softcap, sinks=sinks, profile=profile,
+                          kv_tile=kv_tile, q_tile=q_tile, pv=pv)
     a, p = prepare(where, q, k, v, profile, lambda a: plan_online(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, kv_tile=kv_tile, q_tile=q_tile, pv=pv,
         causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),

@@ -330,12 +330,16 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
 @register("attention", "standard", plan=plan_standard,
           summary="whole-row softmax, scores and P in GM workspace (3 kernels)")
 def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", window=None,
-             softcap=None, sinks=None, profile=None):
+             softcap=None, sinks=None, block_table=None, profile=None):
     """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V.
 
-    ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`.
+    ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`. ``block_table``: refused
+    (a paged cache runs on online or flash).
     """
     where = "attention.standard"
+    if block_table is not None:
+        raise ConstraintError(f"{where}: a paged KV cache (block_table=) is not supported by standard; use "
+                              f"attention.flash or attention.online with the same arguments")
     a, p = prepare(where, q, k, v, profile, lambda a: plan_standard(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, causal=a.causal, kv_len=a.kv_len,
         has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),

@@ -666,6 +666,68 @@ raises("attention.standard-row-too-long", lambda: attention.standard(Q, _normal(
 raises("attention.standard-workspace-over-int32", lambda: attention.plan_standard((1, 16, 16384, 64), (1, 16, 16384, 64)),
        ConstraintError, r"score workspace \[B, Hq, Sq, Skv\] has 4294967296 elements.*INT32_MAX")
 
+# attention: paged KV cache (block_table=, online and flash) and write_kv
+_PQ = _normal((1, 2, 1, 8))
+_PKC, _PVC = _normal((3, 16, 1, 8)), _normal((3, 16, 1, 8))
+_PT = np.array([[2, 0]], np.int32)
+_PL = np.array([20])
+
+
+def _dense_of(kc, table, n):
+    return np.ascontiguousarray(np.concatenate([kc[p] for p in table[0]])[None, :n].transpose(0, 2, 1, 3))
+
+
+_PAGED_BAD = (
+    ("block-id-high", dict(block_table=np.array([[2, 3]], np.int32)), ConstraintError,
+     r"block_table\[0, 1\] = 3 is outside \[0, num_blocks=3\)"),
+    ("block-id-negative", dict(block_table=np.array([[-1, 0]], np.int32)), ConstraintError, r"block_table\[0, 0\] = -1 is outside"),
+    ("kv_len-beyond-blocks", dict(kv_len=np.array([33])), ConstraintError,
+     r"kv_len\[0\] = 33 is beyond the sequence's blocks.*at least 3 entries"),
+    ("table-short", dict(block_table=np.array([[2]], np.int32)), ConstraintError, r"kv_len\[0\] = 20 is beyond.*2 entries"),
+    ("no-kv_len", dict(kv_len=None), ConstraintError, r"needs kv_len=\[B\]"),
+    ("table-float", dict(block_table=np.array([[2.0, 0.0]])), DTypeError, r"block_table must be int32 \(or int64"),
+    ("table-list", dict(block_table=[[2, 0]]), DTypeError, r"block_table must be a numpy int32 array"),
+    ("table-1d", dict(block_table=np.array([2, 0], np.int32)), ShapeError, r"shape \[B, max_blocks_per_seq\]"),
+    ("expand_clone", dict(gqa="expand_clone"), ConstraintError, r"gqa='head_loop' only"),
+)
+for _s in ("online", "flash"):
+    _p = f"attention.{_s}"
+    for _label, _kw, _exc, _pat in _PAGED_BAD:
+        raises(f"{_p}-paged-{_label}", lambda f=_ATT[_s], kw=_kw: f(_PQ, _PKC, _PVC, **{"block_table": _PT, "kv_len": _PL, **kw}),
+               _exc, _pat)
+    raises(f"{_p}-paged-block_size", lambda f=_ATT[_s]: f(_PQ, _PKC[:, :8], _PVC[:, :8], block_table=_PT, kv_len=np.array([4])),
+           ConstraintError, r"block_size = 8 \(k_cache.shape\[1\]\) must be a multiple of 16")
+    raises(f"{_p}-paged-head-dim", lambda f=_ATT[_s]: f(_PQ, _PKC[..., :4], _PVC[..., :4], block_table=_PT, kv_len=_PL),
+           ShapeError, r"head dim of k_cache \(4\) differs from q \(8\)")
+    raises(f"{_p}-paged-dtype", lambda f=_ATT[_s]: f(_PQ, _PKC.astype(np.float16), _PVC.astype(np.float16), block_table=_PT,
+                                                      kv_len=_PL), DTypeError, r"share one storage dtype")
+    equal(f"{_p}-paged-int64-table", lambda f=_ATT[_s]: f(_PQ, _PKC, _PVC, block_table=_PT.astype(np.int64), kv_len=_PL),
+          lambda f=_ATT[_s]: f(_PQ, _PKC, _PVC, block_table=_PT, kv_len=_PL))
+    equal(f"{_p}-paged-padding-ignored", lambda f=_ATT[_s]: f(_PQ, _PKC, _PVC, block_table=np.array([[2, -7]], np.int32),
+                                                               kv_len=np.array([16])),
+          lambda f=_ATT[_s]: f(_PQ, _dense_of(_PKC, _PT, 32), _dense_of(_PVC, _PT, 32), kv_len=np.array([16])))
+    check(f"{_p}-paged-kv_len-zero", lambda f=_ATT[_s]: f(_PQ, _PKC, _PVC, block_table=_PT, kv_len=np.array([0])),
+          lambda out: np.testing.assert_array_equal(out, np.zeros_like(_PQ)))
+raises("attention.standard-paged", lambda: attention.standard(_PQ, _PKC, _PVC, block_table=_PT, kv_len=_PL),
+       ConstraintError, r"not supported by standard; use attention.flash or attention.online")
+_WK = (np.zeros((2, 16, 1, 8), F32), np.zeros((2, 16, 1, 8), F32))
+_WN = _normal((2, 1, 8))
+for _label, _slots, _exc, _pat in (
+        ("slot-high", np.array([0, 32]), ConstraintError, r"slot_mapping\[1\] = 32 is outside \[0, num_blocks \* block_size = 32\)"),
+        ("slot-below-minus-one", np.array([-2, 0]), ConstraintError, r"slot_mapping\[0\] = -2 is outside.*-1 to skip"),
+        ("slot-duplicate", np.array([7, 7]), ConstraintError, r"slot 7 appears more than once"),
+        ("slot-float", np.array([0.0, 1.0]), DTypeError, r"slot_mapping must be a numpy int32 or int64 array"),
+        ("slot-short", np.array([0]), ShapeError, r"slot_mapping must have shape \[T\] = \(2,\)")):
+    raises(f"attention.write_kv-{_label}", lambda sl=_slots: attention.write_kv(*_WK, _WN, _WN, sl), _exc, _pat)
+raises("attention.write_kv-heads", lambda: attention.write_kv(*_WK, _normal((2, 2, 8)), _normal((2, 2, 8)), np.array([0, 1])),
+       ShapeError, r"must be \[T, Hkv, D\]")
+raises("attention.write_kv-dtype", lambda: attention.write_kv(*_WK, _WN.astype(np.float16), _WN.astype(np.float16),
+                                                              np.array([0, 1])), DTypeError, r"share one storage dtype")
+raises("attention.write_kv-cache-view", lambda: attention.write_kv(_WK[0][:, ::2], _WK[1][:, ::2], _WN, _WN, np.array([0, 1])),
+       ConstraintError, r"writeable C-contiguous")
+check("attention.write_kv-all-skipped", lambda: (attention.write_kv(*_WK, _WN, _WN, np.array([-1, -1])), _WK[0])[1],
+      lambda out: np.testing.assert_array_equal(out, 0))
+
 # ---------------------------------------------------------------------------------------------
 # repeat_kv
 
