@@ -221,7 +221,10 @@ def unpinned(module: str, function: str, *args, timeout: float = 1800.0) -> floa
     """``module.function(*args)`` (a float) computed in a child process without the machine's
     ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` pins (see the module docstring)."""
     env = {k: v for k, v in os.environ.items() if k not in BLAS_PINS}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # asv strips it
+    # asv strips PYTHONPATH and imports the suite through a meta-path hook, not sys.path: give the
+    # child both the parent's sys.path and the directory that holds this package
+    suite_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([suite_parent, *(p for p in sys.path if p)])
     code = (f"import importlib, sys; m = importlib.import_module({module!r}); "
             f"print(repr(float(getattr(m, {function!r})(*{args!r}))))")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
