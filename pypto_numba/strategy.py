@@ -161,6 +161,25 @@ class Trace:
     def __len__(self):
         return len(self.records)
 
+    def timeline(self, profile=None, variant: str = None):
+        """The pipe model's schedule of every recorded call, in call order, as a Chrome / Perfetto
+        trace (:class:`~pypto_numba.machine.timeline.Timeline`). Each call is priced on the profile it
+        ran with unless ``profile`` is given; the makespan is the sum of
+        ``record.cost.estimate(profile or record.profile, record.dtype).seconds``."""
+        from .errors import PyptoNumbaError
+        from .machine.timeline import kernel_schedules, schedules_timeline
+
+        if not self.records:
+            raise PyptoNumbaError("trace.timeline: the trace recorded no call; run a strategy inside "
+                                  "`with pypto_numba.trace() as t:` first")
+        runs = []
+        for r in self.records:
+            names = [k.name for k in r.plan.kernels] if r.plan is not None else []
+            kernels = [(f"{r.op}.{r.strategy}: " + (names[j] if j < len(names) else f"kernel {j}"), k)
+                       for j, k in enumerate(r.cost.kernel_costs())]
+            runs += kernel_schedules(kernels, profile or r.profile, r.dtype, variant)
+        return schedules_timeline(runs)
+
 
 _TRACES: contextvars.ContextVar = contextvars.ContextVar("pypto_numba_traces", default=())
 

@@ -219,8 +219,97 @@ def _l0_tile(M, N, K, dtype, prof):
     return tile
 
 
-def kernel_estimate(cost, work: Work, prof, variant: str = isa.DEFAULT_VARIANT) -> dict:
-    """The pipe model's time of one kernel: seconds, bound, per-pipe busy seconds and the terms."""
+def task_seconds(step: dict, tiles: int, exposed: float = 0.0) -> float:
+    """One task's time: the makespan of :func:`task_slices` in closed form,
+    ``sum(step) + (tiles - 1) * max(step) + exposed``."""
+    return sum(step.values()) + (tiles - 1) * max(step.values()) + exposed
+
+
+def task_slices(step: dict, tiles: int):
+    """The per-tile schedule of one task: ``(pipe, tile, start, end)`` in seconds from the task's
+    start, pipes in PIPES order, zero-time pipes left out.
+
+    Double-buffered tiles as a flow shop: tile t enters a pipe when it has left the previous pipe
+    and the pipe has finished tile t - 1, ``start(t, i) = max(end(t, i - 1), end(t - 1, i))``.
+    With the same step times for every tile its makespan is :func:`task_seconds` (the longest
+    path crosses every pipe once and the slowest pipe ``tiles - 1`` more times); the exposed L0C
+    drain follows the last tile."""
+    done = dict.fromkeys(PIPES, 0.0)  # when each pipe finished the previous tile
+    for tile in range(tiles):
+        ready = 0.0  # when this tile left the previous pipe
+        for pipe in PIPES:
+            seconds = step.get(pipe, 0.0)
+            if seconds <= 0:
+                continue
+            start = max(ready, done[pipe])
+            ready = done[pipe] = start + seconds
+            yield pipe, tile, start, ready
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The pipe model's schedule of one kernel: per-step pipe times, the task and its waves.
+
+    ``launch`` precedes the body; tasks run in ``waves`` over ``cores`` (wave w starts at
+    ``w * (task_seconds + task_gap)``, the AICPU's per-task time ``task_gap`` after each task);
+    the chip's shared GM (``gm_chip``) and the AICPUs' dispatch (``schedule``) run beside them.
+    ``seconds`` (the estimate) is the makespan ``launch + max(cores, gm_chip, schedule)``."""
+
+    unit: str
+    cores: int
+    tasks: int
+    waves: int
+    tiles: int
+    step: dict               # pipe -> seconds per tile step
+    exposed: float           # exposed L0C drain per task (after the last tile)
+    task_seconds: float
+    task_gap: float          # AICPU seconds per task (completion + resolve + schedule)
+    launch: float
+    gm_chip: float
+    schedule: float
+    busy: dict               # pipe -> busy seconds per task
+    extra: dict              # the estimate row's other entries (L2, vector instructions, L0 tile)
+
+    @property
+    def cores_seconds(self) -> float:
+        return self.waves * (self.task_seconds + self.task_gap)
+
+    @property
+    def body(self) -> float:
+        return max(self.cores_seconds, self.gm_chip, self.schedule)
+
+    @property
+    def seconds(self) -> float:
+        return self.launch + self.body
+
+    @property
+    def active(self) -> int:
+        return min(self.tasks, self.cores)
+
+    def row(self) -> dict:
+        """The estimate row of :meth:`Cost.estimate` (seconds, bound, per-pipe busy seconds, ...)."""
+        t_cores, t_gm, t_sched, body = self.cores_seconds, self.gm_chip, self.schedule, self.body
+        pipe = max(PIPES, key=lambda p: self.busy[p])
+        if self.launch >= body:
+            bound = "launch"
+        elif body == t_gm and t_gm > t_cores:
+            bound = "memory"
+        elif body == t_sched and t_sched > t_cores:
+            bound = "schedule"
+        elif self.active < self.cores / 2:
+            bound = "occupancy"
+        else:
+            bound = BOUND_OF_PIPE[pipe]
+        return {
+            "seconds": self.launch + body, "bound": bound, "pipe": pipe, "pipes": dict(self.busy),
+            "task_seconds": self.task_seconds, "waves": self.waves, "tasks": self.tasks, "tiles": self.tiles,
+            "cores": self.cores, "occupancy": self.active / self.cores, "launch": self.launch,
+            "gm_chip": t_gm, "schedule": t_sched, **self.extra,
+        }
+
+
+def kernel_schedule(cost, work: Work, prof, variant: str = isa.DEFAULT_VARIANT) -> Schedule:
+    """The pipe model's schedule of one kernel (:class:`Schedule`; its makespan is the estimate)."""
     rates = prof.pipes
     cube_side = work.unit in ("cube", "mixed")
     cores = prof.cube_cores if cube_side else prof.vector_cores
@@ -272,28 +361,19 @@ def kernel_estimate(cost, work: Work, prof, variant: str = isa.DEFAULT_VARIANT) 
             out = transfer_rate(rates.ub_to_gm_peak_gibs, rates.ub_to_gm_k_bytes, work.store_transfer)
             step["MTE3"] = work.store_bytes / min(out, write_share)
 
-    t_task = sum(step.values()) + (tiles - 1) * max(step.values()) + exposed
     busy = {p: step[p] * tiles for p in PIPES}
     busy["FIXPIPE"] += drain
-    t_cores = waves * (t_task + rates.task_s)
-    t_sched = tasks * rates.task_s / rates.aicpu_threads
-    body = max(t_cores, t_gm, t_sched)
-    launch = max(cost.kernels, 1) * rates.launch_s
-    pipe = max(PIPES, key=lambda p: busy[p])
-    if launch >= body:
-        bound = "launch"
-    elif body == t_gm and t_gm > t_cores:
-        bound = "memory"
-    elif body == t_sched and t_sched > t_cores:
-        bound = "schedule"
-    elif active < cores / 2:
-        bound = "occupancy"
-    else:
-        bound = BOUND_OF_PIPE[pipe]
-    return {
-        "seconds": launch + body, "bound": bound, "pipe": pipe, "pipes": busy,
-        "task_seconds": t_task, "waves": waves, "tasks": tasks, "tiles": tiles, "cores": cores,
-        "occupancy": active / cores, "launch": launch, "gm_chip": t_gm, "schedule": t_sched,
-        "l2_fits": fits, "l2_read_bytes": l2_reads, "gm_unique_bytes": unique,
-        "vector_instructions": vec, "l0_tile": l0.shape if l0 is not None else None,
-    }
+    return Schedule(
+        unit=work.unit, cores=cores, tasks=tasks, waves=waves, tiles=tiles, step=step, exposed=exposed,
+        task_seconds=task_seconds(step, tiles, exposed), task_gap=rates.task_s,
+        launch=max(cost.kernels, 1) * rates.launch_s, gm_chip=t_gm,
+        schedule=tasks * rates.task_s / rates.aicpu_threads, busy=busy,
+        extra={"l2_fits": fits, "l2_read_bytes": l2_reads, "gm_unique_bytes": unique,
+               "vector_instructions": vec, "l0_tile": l0.shape if l0 is not None else None},
+    )
+
+
+def kernel_estimate(cost, work: Work, prof, variant: str = isa.DEFAULT_VARIANT) -> dict:
+    """The pipe model's time of one kernel: seconds, bound, per-pipe busy seconds and the terms
+    (the makespan of :func:`kernel_schedule`)."""
+    return kernel_schedule(cost, work, prof, variant).row()

@@ -215,6 +215,14 @@ class Plan:
         see :meth:`pypto_numba.machine.cost.Cost.estimate`)."""
         return self.cost.estimate(profile or self.profile, self.dtype, model=model, variant=variant)
 
+    def timeline(self, profile=None, variant: str = None):
+        """The pipe model's schedule of this plan's kernels as a Chrome / Perfetto trace
+        (:class:`~pypto_numba.machine.timeline.Timeline`: ``.events``, ``.to_json()``, ``.save(path)``);
+        its makespan is ``self.estimate(profile).seconds``."""
+        from .timeline import plan_timeline
+
+        return plan_timeline(self, profile, variant)
+
 
 def vector_tile(name: str, shape, dtype: str, profile: HardwareProfile, where: str, hint: str = "") -> Buffer:
     """A UB tile after checking PyPTO's vector tile rules (npu-facts 4.2)."""
