@@ -75,7 +75,22 @@ def _compare(args) -> int:
                   sep="\n", end="\n\n", flush=True)
     if args.format == "json":
         print(json.dumps([r.to_dict() for r in results], indent=2, default=float))
+    if args.timeline:
+        _save_timeline(results, args.timeline)
     return 0
+
+
+def _save_timeline(results, path):
+    """One trace file: a group of processes per compared strategy ("gelu.tanh: AIV 0", ...), all from 0."""
+    from .machine.timeline import Timeline
+
+    groups = [g for r in results for g in r.timelines()]
+    if not groups:
+        raise PyptoNumbaError("compare --timeline: every strategy was ruled out; there is no schedule to write")
+    tl = Timeline.combine(groups)
+    tl.save(path)
+    print(f"compare: wrote the modelled timeline of {len(groups)} strategies ({len(tl.events)} trace events) "
+          f"to {path}; open it in https://ui.perfetto.dev or chrome://tracing", file=sys.stderr)
 
 
 def _scenario_value(text: str):
@@ -187,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="warm runs timed per strategy (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=("table", "markdown", "json"), default="table")
+    p.add_argument("--timeline", metavar="OUT.json", default=None,
+                   help="write the pipe model's schedule of every compared strategy as one Chrome/Perfetto "
+                        "trace (a process group per strategy, all from time 0)")
     p.set_defaults(func=_compare)
 
     p = sub.add_parser(

@@ -2,8 +2,13 @@
 
 One row per strategy: precision against the float64 reference (max abs, max rel, ulps),
 PASS/FAIL under a named tolerance policy, the counted Cost (kernels, tasks, GM bytes, workspace,
-buffer peaks), CPU time (median of warm runs) and the NPU estimate with its bound. A strategy that
-the plan rules out (TileError, ConstraintError) stays in the table with the reason.
+buffer peaks), CPU time (median of warm runs) and the NPU estimates: the pipes model's with its
+bound ("NPU us (bound)"), then the roofline's and the hicann simulator formula's (machine/cost.py).
+A model more than 2x from the pipes estimate is marked ``!``, a model whose fastest strategy is not
+the pipes model's marks its pick ``#``; the lines under the table say which and by how much
+(:func:`model_check`). A strategy that the plan rules out (TileError, ConstraintError) stays in the
+table with the reason. :meth:`Comparison.timeline` is the pipe model's schedule of every scored
+call as one Chrome / Perfetto trace.
 
 How to build inputs for an op, call its reference, read its outputs and score them is declared
 once per op, in the op's ``OP`` spec (pypto_numba/lab/spec.py).
@@ -23,7 +28,7 @@ from . import precision
 from .errors import ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
 from .lab.spec import OpSpec, Variant  # noqa: F401  (Variant: compare's row type, re-exported)
 from .machine import dtypes
-from .machine.cost import Cost
+from .machine.cost import MODELS, Cost
 from .strategy import spec as op_spec
 from .strategy import trace
 
@@ -38,6 +43,8 @@ class Row:
     seconds: float = float("nan")
     estimate: object = None
     hints: tuple = ()  # the plans' hints (machine/limits.py), in launch order
+    estimates: dict = dataclasses.field(default_factory=dict)  # model -> Estimate (MODELS; "pipes" is .estimate)
+    trace: object = dataclasses.field(default=None, repr=False)  # the Trace of the scored call (timeline)
 
     @property
     def verdict(self) -> str:
@@ -55,6 +62,7 @@ class Row:
         d["cpu_seconds"] = self.seconds
         d["npu_estimate_seconds"] = self.estimate.seconds
         d["npu_bound"] = self.estimate.bound
+        d["npu_estimates"] = {m: {"seconds": e.seconds, "bound": e.bound} for m, e in self.estimates.items()}
         return d
 
 
@@ -69,8 +77,9 @@ class Comparison:
 
     def _table(self):
         head = ["strategy", "verdict", "max_abs", "max_rel", "ulps", "kernels", "tasks", "GM read",
-                "GM write", "workspace", "UB peak", "CPU ms", "NPU us (bound)"]
+                "GM write", "workspace", "UB peak", "CPU ms", "NPU us (bound)"] + [f"{m} us" for m in OTHER_MODELS]
         body = []
+        check = self.model_check()
         for r in self.rows:
             name = r.strategy + (" *" if r.recommended else "")
             if r.ruled_out:
@@ -83,8 +92,24 @@ class Comparison:
                 str(c.kernels), str(c.tasks), _bytes(c.gm_read_bytes), _bytes(c.gm_write_bytes),
                 _bytes(c.workspace_bytes), _bytes(c.ub_peak_bytes), f"{r.seconds * 1e3:.3f}",
                 f"{r.estimate.seconds * 1e6:.1f} ({r.estimate.bound})",
-            ])
+            ] + [_model_cell(r, m, check) for m in OTHER_MODELS])
         return head, body
+
+    def model_check(self) -> dict:
+        """Where the estimators disagree (:func:`model_check`)."""
+        return model_check([(r.strategy, r.estimates) for r in self.rows if not r.ruled_out and r.estimates])
+
+    def timelines(self, profile=None) -> list:
+        """(``op.strategy``, Timeline) of every scored strategy: the pipe model's schedule of its call."""
+        return [(f"{self.op}.{r.strategy}", r.trace.timeline(profile)) for r in self.rows
+                if not r.ruled_out and r.trace is not None and r.trace.records]
+
+    def timeline(self, profile=None):
+        """Every scored strategy's schedule in one trace, one group of processes per strategy
+        ("gelu.tanh: AIV 0", ...), all from time 0 (:class:`~pypto_numba.machine.timeline.Timeline`)."""
+        from .machine.timeline import Timeline
+
+        return Timeline.combine(self.timelines(profile))
 
     def title(self) -> str:
         shapes = " ".join("x".join(map(str, s)) for s in self.shapes)
@@ -95,6 +120,9 @@ class Comparison:
         lines = [f"**{self.title()}** (* = the seed's recommendation)", "",
                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
+        notes = self.model_check()["notes"]
+        if notes:
+            lines += [""] + [f"- {n}" for n in notes]
         return "\n".join(lines)
 
     def to_table(self) -> str:
@@ -106,17 +134,79 @@ class Comparison:
         out = [self.title() + "  (* = seed's recommendation)", fmt(head), fmt(["-" * w for w in widths])]
         out += [fmt(r) for r in narrow]
         out += [f"{r[0]}  RULED OUT: {r[2]}" for r in wide]
+        out += [f"models: {n}" for n in self.model_check()["notes"]]
         return "\n".join(out)
 
     def to_dict(self) -> dict:
         return {"op": self.op, "shapes": [list(s) for s in self.shapes], "dtype": self.dtype,
-                "policy": self.policy, "profile": self.profile, "rows": [r.as_dict() for r in self.rows]}
+                "policy": self.policy, "profile": self.profile, "rows": [r.as_dict() for r in self.rows],
+                "model_check": self.model_check()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=float)
 
     def __str__(self):
         return self.to_table()
+
+
+OTHER_MODELS = tuple(m for m in MODELS if m != "pipes")  # the table's columns after "NPU us (bound)"
+DISAGREE_RATIO = 2.0  # a model more than 2x from the pipes estimate is flagged "!"
+
+
+def model_check(rows) -> dict:
+    """Where the estimators disagree, for rows ((strategy, {model: Estimate}), ...).
+
+    ``winners``: model -> the fastest strategy (ties within 1e-9 keep the first); ``winner_differs``:
+    the models whose fastest strategy is not among the pipes model's fastest (and vice versa);
+    ``over_2x``: strategy -> the models more than 2x from its pipes estimate, with the ratio;
+    ``notes``: the same as sentences (the lines under compare's table; ``!`` and ``#`` there)."""
+    rows = [(name, est) for name, est in rows if "pipes" in est]
+    out = {"winners": {}, "winner_differs": [], "over_2x": {}, "notes": []}
+    if not rows:
+        return out
+    fastest = {}
+    for m in MODELS:
+        times = [(name, est[m].seconds) for name, est in rows if m in est]
+        if not times:
+            continue
+        best = min(t for _, t in times)
+        fastest[m] = [name for name, t in times if t <= best * (1 + 1e-9)]
+        out["winners"][m] = fastest[m][0]
+    pipes_best = fastest["pipes"]
+    for m in OTHER_MODELS:
+        if len(rows) > 1 and m in fastest and not (set(fastest[m]) & set(pipes_best)):
+            out["winner_differs"].append(m)
+    for name, est in rows:
+        base = est["pipes"].seconds
+        for m in OTHER_MODELS:
+            if m in est and base > 0:
+                ratio = est[m].seconds / base
+                if ratio > DISAGREE_RATIO or ratio < 1 / DISAGREE_RATIO:
+                    out["over_2x"].setdefault(name, {})[m] = ratio
+    by = dict(rows)
+    for m in out["winner_differs"]:
+        w, p = out["winners"][m], out["winners"]["pipes"]
+        out["notes"].append(
+            f"# {m} picks {w} ({by[w][m].seconds * 1e6:.1f} us, {by[w][m].bound}-bound) where the pipes model "
+            f"picks {p} ({by[p]['pipes'].seconds * 1e6:.1f} us, {by[p]['pipes'].bound}-bound)")
+    for name, ratios in out["over_2x"].items():
+        parts = ", ".join(f"{m} {r:.2g}x ({by[name][m].bound}-bound)" for m, r in ratios.items())
+        pipes = by[name]["pipes"]
+        out["notes"].append(f"! {name}: {parts} of the pipes estimate, {pipes.seconds * 1e6:.1f} us "
+                            f"({pipes.bound}-bound)")
+    return out
+
+
+def _model_cell(row, model: str, check: dict) -> str:
+    """``12.3`` plus ``!`` (more than 2x from the pipes estimate) and ``#`` (this model's fastest
+    strategy, where it differs from the pipes model's)."""
+    est = row.estimates.get(model)
+    if est is None:
+        return ""
+    marks = "!" if model in check["over_2x"].get(row.strategy, {}) else ""
+    if model in check["winner_differs"] and check["winners"].get(model) == row.strategy:
+        marks += "#"
+    return f"{est.seconds * 1e6:.1f}" + (f" {marks}" if marks else "")
 
 
 def _bytes(n: int) -> str:
@@ -192,7 +282,9 @@ def compare(
         row.cost = sum((r.cost for r in t.records), Cost())
         plans = list({id(r.plan): r.plan for r in t.records}.values())
         row.hints = tuple((p.where, h) for p in plans for h in p.hints)
-        row.estimate = row.cost.estimate(prof_name, dtype)
+        row.estimates = {m: row.cost.estimate(prof_name, dtype, model=m) for m in MODELS}
+        row.estimate = row.estimates["pipes"]
+        row.trace = t
         rows.append(row)
         timed.append((row, variant))
     # CPU times last, the strategies' warm runs interleaved: timed right after its float64

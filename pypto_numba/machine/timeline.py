@@ -37,8 +37,8 @@ GROUP_PIDS = 10000               # pid offset per group in :meth:`Timeline.combi
 TASKS_TID = 0
 PIPE_TID = {p: i + 1 for i, p in enumerate(pipes.PIPES)}
 CHIP_TIDS = {"kernels": 0, "GM": 1, "AICPU": 2}
-MAX_SLICES = 200_000             # tile slices per timeline (the rest of each kernel as task slices)
-MAX_TASK_SLICES = 100_000
+MAX_SLICES = 100_000             # tile slices per timeline (the rest of each kernel as task slices)
+MAX_TASK_SLICES = 50_000         # task slices per timeline (the rest: one slice per core)
 
 
 def _ns(seconds: float) -> int:
@@ -94,7 +94,7 @@ class Timeline:
                 elif e["ph"] == "M" and e["name"] == "process_sort_index":
                     e["args"] = {"sort_index": e["args"]["sort_index"] + g * GROUP_PIDS}
                 events.append(e)
-            notes += [f"{label}: {n}" for n in tl.notes]
+            notes += tl.notes  # they name their kernels
             profiles.append(tl.profile)
         seconds = max((tl.seconds for _, tl in groups), default=0.0)
         return cls(events, seconds, ", ".join(dict.fromkeys(profiles)), notes)
@@ -145,7 +145,7 @@ def _core_pids(unit: str, core: int, per: int) -> dict:
     return out
 
 
-def _kernel(b: _Builder, name: str, sched, t0: float, tile_budget: int, per: int, notes: list):
+def _kernel(b: _Builder, name: str, sched, t0: float, tile_budget: int, task_budget: int, per: int, notes: list):
     chip = CHIP_PID
     end = t0 + sched.seconds
     b.add(chip, CHIP_TIDS["kernels"], "kernels", name, t0, end, "kernel", tasks=sched.tasks, waves=sched.waves,
@@ -161,7 +161,7 @@ def _kernel(b: _Builder, name: str, sched, t0: float, tile_budget: int, per: int
     per_task = len(slices) * (1 + (sched.unit == "mixed"))
     active = sched.active
     tile_waves = min(sched.waves, max(1, tile_budget // max(per_task * active, 1)))
-    task_waves = min(sched.waves, max(tile_waves, MAX_TASK_SLICES // max(2 * active, 1)))
+    task_waves = min(sched.waves, max(tile_waves, task_budget // max(2 * active, 1)))
     if tile_waves < sched.waves:
         notes.append(f"{name}: tile slices for the first {tile_waves} of {sched.waves} waves")
     if task_waves < sched.waves:
@@ -215,7 +215,7 @@ def kernel_schedules(kernels, profile=None, dtype: str = "bf16", variant: str = 
     return runs
 
 
-def schedules_timeline(runs, max_slices: int = MAX_SLICES) -> Timeline:
+def schedules_timeline(runs, max_slices: int = MAX_SLICES, max_task_slices: int = MAX_TASK_SLICES) -> Timeline:
     """The timeline of :func:`kernel_schedules`' kernels, run one after the other."""
     b = _Builder()
     b.procs[CHIP_PID] = "chip"
@@ -223,7 +223,8 @@ def schedules_timeline(runs, max_slices: int = MAX_SLICES) -> Timeline:
     budget = max_slices // max(len(runs), 1)
     t = 0.0
     for name, prof, sched in runs:
-        t = _kernel(b, name, sched, t, budget, max(prof.vector_cores // prof.cube_cores, 1), notes)
+        t = _kernel(b, name, sched, t, budget, max_task_slices // max(len(runs), 1),
+                    max(prof.vector_cores // prof.cube_cores, 1), notes)
     # the estimate's own sum, kernel by kernel, so that the two are the same float
     seconds = sum(sched.seconds for *_, sched in runs)
     profiles = ", ".join(dict.fromkeys(prof.name for _, prof, _ in runs))
