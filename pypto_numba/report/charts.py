@@ -177,3 +177,85 @@ def precision_svg(name: str, runs: list) -> bytes:
 def svg_matplotlib_version(data: bytes):
     m = re.search(rb"Matplotlib v([0-9][0-9A-Za-z.+-]*)", data)
     return m.group(1).decode() if m else None
+
+
+PIPE_COLORS = {"tasks": "#7f7f7f", "MTE2": "#1f77b4", "MTE1": "#17becf", "CUBE": "#d62728", "VECTOR": "#2ca02c",
+               "FIXPIPE": "#9467bd", "MTE3": "#ff7f0e", "kernels": "#8c564b", "GM": "#bcbd22", "AICPU": "#e377c2"}
+
+
+def chosen_plans(res: PlanResult) -> tuple:
+    """The plans of advise's pick for the scenario (as pricing built them, ``also`` overrides included)."""
+    from ..strategy import spec
+
+    sc = res.scenario
+    for override in ({},) + tuple(sc.also):
+        for cand in spec(sc.op).advise(res.advice.profile, **{**sc.advise, **override})[0]:
+            if cand.label == res.advice.chosen:
+                return tuple(cand.plans())
+    raise PyptoNumbaError(f"report: {sc.name}: advise's pick {res.advice.chosen!r} is not a candidate")
+
+
+def scenario_timeline(res: PlanResult):
+    """The pipe model's timeline (machine/timeline.py) of advise's pick, its plans one after the other."""
+    from ..machine.timeline import kernel_schedules, schedules_timeline
+
+    runs = []
+    for plan in chosen_plans(res):
+        runs += kernel_schedules([(f"{plan.where}: {k.name}", k.cost) for k in plan.kernels], plan.profile,
+                                 plan.dtype)
+    return schedules_timeline(runs)
+
+
+def _merged(spans, gap):
+    """Sorted (start, end) spans with the ones closer than ``gap`` joined (a bar per visible run)."""
+    out = []
+    for a, b in sorted(spans):
+        if out and a - out[-1][1] <= gap:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def timeline_svg(op: str, res: PlanResult) -> bytes:
+    """A small Gantt chart of :func:`scenario_timeline`: the chip's lanes (kernels, GM, AICPU) and the
+    first AIC's and AIV's task and pipe lanes; bars closer than a pixel are drawn as one."""
+    mpl = _mpl()
+    from matplotlib.figure import Figure
+
+    tl = scenario_timeline(res)
+    procs = {e["pid"]: e["args"]["name"] for e in tl.events if e["ph"] == "M" and e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in tl.events
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    shown = [pid for pid in sorted(procs) if procs[pid] in ("chip", "AIC 0", "AIV 0")]
+    lanes = [key for key in sorted(threads) if key[0] in shown]
+    span = tl.seconds * 1e6
+    spans = {key: [] for key in lanes}
+    for e in tl.events:
+        key = (e["pid"], e["tid"])
+        if e["ph"] == "X" and key in spans and e["name"] != "launch":
+            spans[key].append((e["ts"], e["ts"] + e["dur"]))
+    launches = [(e["ts"], e["dur"]) for e in tl.events if e["ph"] == "X" and e["name"] == "launch"]
+    with mpl.rc_context(RC):
+        fig = Figure(figsize=(9.0, 0.9 + 0.24 * len(lanes)))
+        ax = fig.subplots()
+        labels = []
+        for y, key in enumerate(reversed(lanes)):
+            thread = threads[key]
+            labels.append(f"{procs[key[0]]} {thread}")
+            bars = [(a, max(b - a, span / 2000)) for a, b in _merged(spans[key], span / 1500)]
+            ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=PIPE_COLORS.get(thread, "#333333"), linewidth=0)
+            if thread == "kernels":
+                ax.broken_barh(launches, (y - 0.35, 0.7), facecolors="#dddddd", edgecolors="#8c564b",
+                               linewidth=0.5, hatch="////")
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_xlim(0, span * 1.01)
+        ax.set_xlabel("modelled time (us); hatched: kernel launch")
+        ax.grid(axis="y", visible=False)
+        cores = sorted(n for n in procs.values() if n != "chip")
+        a = res.advice
+        first = " and ".join(procs[pid] for pid in shown if procs[pid] != "chip")
+        ax.set_title(f"{res.scenario.name}: {op}.{a.chosen} on {a.profile}, {span:.4g} us "
+                     f"(pipes model; {len(cores)} cores busy, {first} shown)", fontsize=8)
+        fig.tight_layout()
+        return _svg(fig)

@@ -7,9 +7,9 @@ import sys
 import time
 
 from ..errors import PyptoNumbaError
-from .charts import PLOT_HINT, precision_svg, sweep_svg
+from .charts import PLOT_HINT, precision_svg, sweep_svg, timeline_svg
 from .check import _check, old_measured
-from .markdown import CHARTS, PAGE, measured_lines, op_page, summary_measured, summary_page
+from .markdown import CHARTS, PAGE, measured_lines, op_page, summary_measured, summary_page, timeline_result
 from .measuring import measure
 from .pricing import plan_scenario
 from .scenarios import load_scenarios
@@ -82,6 +82,10 @@ def generate(
             if r.scenario.sweep:
                 files[f"{CHARTS}/{r.scenario.name}-sweep.svg"] = sweep_svg(r)
                 progress.step(f"chart: {r.scenario.name}-sweep.svg")
+        for op in dict.fromkeys(sc.op for sc in scenarios):  # one timeline chart per op page
+            r = timeline_result([r for r in results if r.scenario.op == op])
+            if r is not None:
+                files[f"{CHARTS}/{op}-timeline.svg"] = timeline_svg(op, r)
 
     ops = list(dict.fromkeys(sc.op for sc in scenarios))
     measured = {}

@@ -50,9 +50,59 @@ def short_error(error: str) -> str:
     return error.split(":", 1)[0]
 
 
+OTHER_MODELS = ("roofline", "sim")  # the plan tables' columns after the pipes estimate and its bound
+
+
+def model_estimates(res: PlanResult) -> dict:
+    """label -> {model: Estimate} of every priced strategy: the pipes estimate is the priced one
+    (advise's), the roofline and sim are its plans' Cost on the same profile and dtype."""
+    from ..machine.cost import Estimate
+    from ..machine.profile import DEFAULT_PROFILE
+
+    profile = res.advice.profile if res.advice else DEFAULT_PROFILE
+    dtype = res.scenario.advise.get("dtype", "bf16")
+    out = {}
+    for label, p in res.priced.items():
+        if p.error:
+            continue
+        out[label] = {"pipes": Estimate(p.seconds, p.bound, model="pipes")}
+        out[label].update({m: p.cost.estimate(profile, dtype, model=m) for m in OTHER_MODELS})
+    return out
+
+
+def model_check_of(res: PlanResult) -> tuple:
+    from ..compare import model_check
+
+    estimates = model_estimates(res)
+    return estimates, model_check(list(estimates.items()))
+
+
+def _model_cells(label, estimates, check) -> list:
+    cells = []
+    for m in OTHER_MODELS:
+        e = estimates[label][m]
+        marks = "!" if m in check["over_2x"].get(label, {}) else ""
+        if m in check["winner_differs"] and check["winners"].get(m) == label:
+            marks += "#"
+        cells.append(fmt_us(e.seconds) + (f" {marks}" if marks else ""))
+    return cells
+
+
+MODEL_LEGEND = ("`roofline` and `sim` are the other two estimators of `Cost.estimate` (docs/model.md) on the same "
+                "plans: `!` marks one more than 2x from the pipes estimate (est. NPU time), `#` the strategy a "
+                "model would pick where the pipes model picks another.")
+
+
+def model_lines(res: PlanResult) -> list:
+    """The lines under an op page's plan table: where the estimators disagree."""
+    notes = model_check_of(res)[1]["notes"]
+    return ["", MODEL_LEGEND, ""] + [f"- {cell(n)}" for n in notes] if notes else []
+
+
 def plan_rows(res: PlanResult) -> list:
     chosen = res.advice.chosen if res.advice else ""
     seed = res.advice.seed if res.advice else ""
+    estimates, check = model_check_of(res)
     rows = []
     for label, p in res.priced.items():
         marks = []
@@ -63,15 +113,34 @@ def plan_rows(res: PlanResult) -> list:
         if p.via:
             marks.append(f"priced with {p.via}")
         if p.error:
-            rows.append([f"`{label}`", short_error(p.error), "", "", "", "", "", "", "; ".join(marks)])
+            rows.append([f"`{label}`", short_error(p.error)] + [""] * (len(PLAN_HEAD) - 3) + ["; ".join(marks)])
             continue
         c = p.cost
-        rows.append([f"`{label}`", fmt_us(p.seconds), p.bound, str(c.kernels), fmt_bytes(c.gm_bytes),
-                     fmt_bytes(c.workspace_bytes), fmt_bytes(c.ub_peak_bytes), str(c.tasks), "; ".join(marks)])
+        rows.append([f"`{label}`", fmt_us(p.seconds), p.bound] + _model_cells(label, estimates, check)
+                    + [str(c.kernels), fmt_bytes(c.gm_bytes), fmt_bytes(c.workspace_bytes), fmt_bytes(c.ub_peak_bytes),
+                       str(c.tasks), "; ".join(marks)])
     return rows
 
 
-PLAN_HEAD = ["strategy", "est. NPU time", "bound", "kernels", "GM bytes", "workspace", "UB peak", "tasks", ""]
+PLAN_HEAD = ["strategy", "est. NPU time", "bound", "roofline", "sim", "kernels", "GM bytes", "workspace", "UB peak",
+             "tasks", ""]
+
+
+def timeline_result(results: list):
+    """The op's default scenario for its timeline chart: its first scenario that some strategy fits."""
+    return next((r for r in results if r.advice is not None), None)
+
+
+def timeline_lines(op: str, res: PlanResult) -> list:
+    a = res.advice
+    return ["", f"### Modelled schedule of `{a.chosen}`", "",
+            f"![the pipe model's schedule of {op}.{a.chosen} on {a.profile}]({CHARTS}/{op}-timeline.svg)", "",
+            f"The pipe model's schedule (docs/model.md, \"Timeline\") of advise's pick for this scenario: per "
+            "kernel its launch, the chip's shared GM time and the AICPUs' dispatch, then the first core's tasks and "
+            "its pipes (MTE2, MTE1, CUBE, VECTOR, FIXPIPE, MTE3, as PyPTO's swimlanes name them), one bar per tile "
+            "step; the chart ends at the estimate. Every core and every tile: "
+            f"`plan.timeline().save(\"{op}.json\")` or `pypto-numba compare {op} --timeline {op}.json`, opened in "
+            "https://ui.perfetto.dev."]
 
 
 def fit_lines(res: PlanResult) -> list:
@@ -141,9 +210,10 @@ def summary_page(results: list, profile_name: str, measured: dict) -> str:
 
     ops = [op for op in SEED if any(r.scenario.op == op for r in results)]
     lines = [HEADER, "", "# Strategy comparison: the seed's table against the plans", "",
-             f"Plan-derived numbers are for the `{profile_name}` profile: **est. NPU time** is the roofline "
-             "estimate of the strategy's plans (machine/cost.py: launches + max(GM bytes / bandwidth, FLOPs / "
-             "throughput, vector ops / rate) per kernel), **GM bytes** are bytes read plus written. "
+             f"Plan-derived numbers are for the `{profile_name}` profile: **est. NPU time** is the per-pipe "
+             "estimate of the strategy's plans (`Cost.estimate(model=\"pipes\")`, machine/pipes.py and "
+             "docs/model.md: MTE2 / MTE1 / CUBE / VECTOR / FIXPIPE / MTE3 per task, waves over the cores, a shared "
+             "HBM and L2, launch and AICPU overheads), **GM bytes** are bytes read plus written. " + MODEL_LEGEND + " "
              "`advise()` picks from the same plans (constraints first, then estimated time, then fewer kernels / "
              "GM bytes / fusion on a 5 % tie). Scenarios and their model shapes: "
              "[scenarios.toml](scenarios.toml). One page per op has the sweeps and charts.", "",
@@ -216,9 +286,12 @@ def op_page(op: str, results: list, measured: dict) -> str:
             lines += [f"- rejected `{k}`: {cell(v)}" for k, v in a.rejected.items()]
             lines += [""]
         lines += table(PLAN_HEAD, plan_rows(r))
+        lines += model_lines(r)
         errors = [(l, p.error) for l, p in r.priced.items() if p.error]
         if errors:
             lines += [""] + [f"- `{l}`: {cell(e)}" for l, e in errors]
+        if r is timeline_result(results):
+            lines += timeline_lines(op, r)
         if sc.sweep:
             lines += ["", f"### Sweep over {sc.sweep.axis}", "",
                       f"![GM bytes and estimated NPU time per strategy over {sc.sweep.axis}]"
