@@ -27,6 +27,10 @@ with launch = stitch + submit latency and aicpu_task = completion + resolve + sc
 "schedule" when the AICPUs do, "launch" when the launch overhead exceeds the rest, "occupancy"
 when fewer than half the cores have a task. docs/model.md gives the equations and the sources.
 
+:func:`kernel_schedule` computes this once per kernel (:class:`Schedule`: per-step pipe times,
+task time, waves, GM and AICPU times); :func:`kernel_estimate` is its makespan and
+machine/timeline.py draws it, with :func:`task_slices` giving each task's tile slices.
+
 The per-task inputs (:class:`Work`) come from the plan (:func:`work_of_plan`): explicit fields
 of KernelPlan where the plan sets them, otherwise generic defaults derived from its tasks, buffers,
 GM bytes, cube FLOPs and vector ops. A bare Cost without a plan gets :func:`work_of_cost`.
