@@ -5,10 +5,10 @@ tiles/ascend910b.toml), not the model's helpers; validity is checked against the
 trace-event format's rules, independently of how the timeline is built.
 """
 
+import itertools
 import json
 import math
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -134,7 +134,7 @@ def test_plan_timeline_is_valid_and_its_makespan_is_the_estimate(plan):
     # every kernel is a slice on the chip's kernels track, one after the other
     kernels = [s for s in tracks["kernels"] if s[2] != "launch"]
     assert [s[2] for s in kernels] == [f"{p.where}: {k.name}" for k in p.kernels]
-    assert all(a.__getitem__(1) <= b[0] for a, b in zip(kernels, kernels[1:]))
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(kernels))
 
 
 def test_cube_kernel_has_the_cube_pipes_and_the_drain():
@@ -182,7 +182,8 @@ def test_decode_attention_trace_timeline_is_valid(rng, tmp_path):
     est = t.total.estimate()
     assert tl.seconds == pytest.approx(est.seconds, rel=1e-12)
     path = tl.save(tmp_path / "decode.json")
-    data = json.loads(open(path, encoding="utf-8").read())
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
     tracks = check_trace(data)
     kernels = [s[2] for s in tracks["kernels"] if s[2] != "launch"]
     assert kernels == [f"attention.online: {kp.name}" for kp in t.records[0].plan.kernels] + \
@@ -236,4 +237,4 @@ def test_task_slices_makespan_is_the_closed_form(times, tiles):
     for pipe in pipes.PIPES:
         mine = [(a, z) for p, _, a, z in slices if p == pipe]
         assert len(mine) == (tiles if step[pipe] > 0 else 0)
-        assert all(z0 <= a1 for (_, z0), (a1, _) in zip(mine, mine[1:]))
+        assert all(z0 <= a1 for (_, z0), (a1, _) in itertools.pairwise(mine))
