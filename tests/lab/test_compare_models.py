@@ -130,3 +130,35 @@ def test_timeline_when_everything_is_ruled_out(tmp_path):
     with pytest.raises(pn.PyptoNumbaError, match="every strategy was ruled out"):
         cli._save_timeline([c], tmp_path / "x.json")
     assert not (tmp_path / "x.json").exists()
+
+
+def test_op_pages_show_the_models_and_the_timeline_chart():
+    from pathlib import Path
+
+    from pypto_numba import report
+    from pypto_numba.report import charts, markdown
+
+    strategies = Path(__file__).resolve().parents[2] / "strategies"
+    if not (strategies / "scenarios.toml").exists():
+        pytest.skip("strategies/ is not part of this source tree")
+    sc = next(s for s in report.load_scenarios(strategies / "scenarios.toml") if s.name == "gelu-gemma2-ffn")
+    res = report.plan_scenario(sc, "ascend910b")
+    rows = {r[0]: r for r in report.plan_rows(res)}
+    head = report.PLAN_HEAD
+    for label, p in res.priced.items():
+        row = rows[f"`{label}`"]
+        for m in ("roofline", "sim"):
+            value = p.cost.estimate("ascend910b", "bf16", model=m).seconds
+            assert row[head.index(m)].split(" ")[:2] == report.fmt_us(value).split(" ")
+    # GELU at the Gemma-2 FFN: dispatch-bound in the pipes model, the roofline 5-7x below it
+    estimates, check = markdown.model_check_of(res)
+    assert set(check["over_2x"]) == {"tanh", "erf"} and "! tanh: roofline" in "\n".join(check["notes"])
+    page = report.op_page("gelu", [res], {})
+    assert page.count("charts/gelu-timeline.svg") == 1 and "- ! tanh: roofline" in page
+    pytest.importorskip("matplotlib")
+    svg = charts.timeline_svg("gelu", res)
+    assert svg == charts.timeline_svg("gelu", res)  # byte-deterministic, as --check needs
+    tl = charts.scenario_timeline(res)
+    assert tl.seconds == pytest.approx(res.priced[res.advice.chosen].seconds, rel=1e-12)
+    for lane in (b"chip kernels", b"chip AICPU", b"AIV 0 tasks", b"AIV 0 VECTOR", b"AIV 0 MTE3"):
+        assert lane in svg
