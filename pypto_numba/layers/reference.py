@@ -1,0 +1,127 @@
+"""The layers in float64, written directly in NumPy from their definitions (no op module is used).
+
+Inputs are widened to float64 (bf16/fp16/fp32 values are exact there); nothing is rounded. These
+functions are the ground truth of the layer tests, of ``precision`` at layer level, and the
+"switched to float64" steps of the attribution study.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def f64(x):
+    return np.asarray(x).astype(np.float64)
+
+
+def rms_norm(x, weight, eps):
+    x = f64(x)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + float(eps)) * f64(weight)
+
+
+def linear(x, weight):
+    return f64(x) @ f64(weight).T
+
+
+def cos_sin(positions, dim, theta):
+    """HF tables in float64: ``cos(cat(f, f))``, ``f = p * theta**(-2i/dim)`` -> ``[..., dim]``."""
+    inv = float(theta) ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    f = np.asarray(positions, np.float64)[..., None] * inv
+    f = np.concatenate([f, f], axis=-1)
+    return np.cos(f), np.sin(f)
+
+
+def rope(x, cos, sin):
+    """Split-half RoPE of ``x[B, S, H, D]`` with ``cos, sin[B, S, D]``."""
+    x = f64(x)
+    half = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None, :] + rot * sin[:, :, None, :]
+
+
+def attention(q, k, v, kv_len):
+    """``q[B, Hq, Sq, D]`` against ``k, v[B, Hkv, Skv, D]``, causal bottom-right, keys < kv_len[b]."""
+    q, k, v = f64(q), f64(k), f64(v)
+    B, Hq, Sq, D = q.shape
+    G = Hq // k.shape[1]
+    k, v = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(D)
+    j = np.arange(k.shape[2])
+    lens = np.asarray(kv_len, np.int64)
+    i_abs = np.arange(Sq)[None, :, None] + (lens[:, None, None] - Sq)
+    keep = (j[None, None, :] <= i_abs) & (j[None, None, :] < lens[:, None, None])
+    s = np.where(keep[:, None], s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", p, v)
+
+
+def silu_mul(gate, up):
+    g = f64(gate)
+    return g / (1.0 + np.exp(-g)) * f64(up)
+
+
+def mlp(x, w_gate, w_up, w_down):
+    return linear(silu_mul(linear(x, w_gate), linear(x, w_up)), w_down)
+
+
+def qwen3_layer(cfg, w, hidden, positions, past_k=None, past_v=None):
+    """One Qwen3 decoder layer in float64 -> ``(out [B, S, H], k, v [B, Hkv, P + S, D])``.
+
+    ``w``: the layer's weights by HF name (``w["self_attn.q_proj.weight"]``); ``hidden[B, S, H]``;
+    ``positions[B, S]``; ``past_k/past_v[B, Hkv, P, D]``: the cache before this call (P keys)."""
+    B, S, H = np.shape(hidden)
+    D, Hq, Hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    eps = cfg.rms_norm_eps
+    r = f64(hidden)
+    x = rms_norm(r, w["input_layernorm.weight"], eps)
+    q = linear(x, w["self_attn.q_proj.weight"]).reshape(B, S, Hq, D)
+    k = linear(x, w["self_attn.k_proj.weight"]).reshape(B, S, Hkv, D)
+    v = linear(x, w["self_attn.v_proj.weight"]).reshape(B, S, Hkv, D)
+    cos, sin = cos_sin(positions, D, cfg.rope_theta)
+    q = rope(rms_norm(q, w["self_attn.q_norm.weight"], eps), cos, sin).transpose(0, 2, 1, 3)
+    k = rope(rms_norm(k, w["self_attn.k_norm.weight"], eps), cos, sin).transpose(0, 2, 1, 3)
+    v = v.transpose(0, 2, 1, 3)
+    if past_k is not None:
+        k = np.concatenate([f64(past_k), k], axis=2)
+        v = np.concatenate([f64(past_v), v], axis=2)
+    a = attention(q, k, v, np.full(B, k.shape[2])).transpose(0, 2, 1, 3).reshape(B, S, Hq * D)
+    r = r + linear(a, w["self_attn.o_proj.weight"])
+    x = rms_norm(r, w["post_attention_layernorm.weight"], eps)
+    r = r + mlp(x, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"])
+    return r, k, v
+
+
+def moe_block(cfg, w, x):
+    """DeepSeek-V3's MoE block in float64 on ``x[T, H]`` (the normed hidden states) -> ``[T, H]``.
+
+    Router: ``s = sigmoid(x @ gate^T)``, selection by ``s + bias``: groups scored by the sum of
+    their top two, the ``topk_group`` best kept, then the top ``k`` experts; weights ``s`` of the
+    picks over their sum (``norm_topk_prob``) times ``routed_scaling_factor``; plus the shared
+    expert's MLP on every token."""
+    x = f64(x)
+    T = x.shape[0]
+    E, k, g, kg = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
+    s = 1.0 / (1.0 + np.exp(-linear(x, w["mlp.gate.weight"])))
+    sel = s + f64(w["mlp.gate.e_score_correction_bias"])
+    out = np.zeros_like(x)
+    for t in range(T):
+        groups = sel[t].reshape(g, E // g)
+        score = np.sort(groups, axis=1)[:, -2:].sum(axis=1) if E // g >= 2 else groups[:, 0]
+        keep_groups = np.argsort(-score, kind="stable")[:kg]
+        masked = np.full(E, -np.inf)
+        for gi in keep_groups:
+            masked[gi * (E // g):(gi + 1) * (E // g)] = sel[t, gi * (E // g):(gi + 1) * (E // g)]
+        ids = np.argsort(-masked, kind="stable")[:k]
+        wt = s[t, ids]
+        if cfg.norm_topk_prob:
+            wt = wt / (wt.sum() + 1e-20)
+        wt = wt * cfg.routed_scaling_factor
+        for e, we in zip(ids, wt):
+            p = f"mlp.experts.{e}."
+            out[t] += we * mlp(x[t:t + 1], w[p + "gate_proj.weight"], w[p + "up_proj.weight"],
+                               w[p + "down_proj.weight"])[0]
+    if cfg.n_shared_experts:
+        p = "mlp.shared_experts."
+        out += mlp(x, w[p + "gate_proj.weight"], w[p + "up_proj.weight"], w[p + "down_proj.weight"])
+    return out
