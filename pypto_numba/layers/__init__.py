@@ -16,9 +16,10 @@ from .config import NAMES, LayerConfig, config, config_from_hf
 from .moe_block import MoeBlock, plan_moe
 from .plan import LayerPlan, Step
 from .qwen3 import KVCache, Qwen3Layer, plan_qwen3
+from .advise import advice_text, advise_layer
 from .study import attribution, drift, layer_precision, run_stack
 from .weights import Weights, read_safetensors, write_safetensors
 
-__all__ = ["ConfigError", "KVCache", "LayerConfig", "LayerPlan", "MoeBlock", "NAMES", "Qwen3Layer", "Step",
+__all__ = ["ConfigError", "advise_layer", "advice_text", "KVCache", "LayerConfig", "LayerPlan", "MoeBlock", "NAMES", "Qwen3Layer", "Step",
            "Weights", "attribution", "config", "config_from_hf", "drift", "layer_precision", "plan_moe",
            "plan_qwen3", "read_safetensors", "run_stack", "write_safetensors"]
