@@ -12,6 +12,7 @@
 """
 
 from ..errors import ConfigError
+from . import reference
 from .config import NAMES, LayerConfig, config, config_from_hf
 from .moe_block import MoeBlock, plan_moe
 from .plan import LayerPlan, Step

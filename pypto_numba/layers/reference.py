@@ -65,31 +65,55 @@ def mlp(x, w_gate, w_up, w_down):
     return linear(silu_mul(linear(x, w_gate), linear(x, w_up)), w_down)
 
 
-def qwen3_layer(cfg, w, hidden, positions, past_k=None, past_v=None):
+ROUNDED = ("input_norm", "qkv", "qk_norm_rope", "attention", "o_proj", "post_norm", "gate_up", "swiglu", "down",
+           "residual")
+
+
+def _rounder(dtype, steps):
+    """``rnd(step, x)``: x rounded as the kernels store that step's output (the storage dtype; the
+    residual in fp32) when ``step`` is in ``steps``, else x unchanged (float64)."""
+    from ..machine import dtypes
+
+    def rnd(step, x):
+        if step not in steps:
+            return x
+        if step == "residual" or dtype == "fp32":
+            return x.astype(np.float32).astype(np.float64)
+        return dtypes.from_float32(x.astype(np.float32), dtype).astype(np.float64)
+
+    return rnd
+
+
+def qwen3_layer(cfg, w, hidden, positions, past_k=None, past_v=None, dtype="fp32", rounded=()):
     """One Qwen3 decoder layer in float64 -> ``(out [B, S, H], k, v [B, Hkv, P + S, D])``.
 
     ``w``: the layer's weights by HF name (``w["self_attn.q_proj.weight"]``); ``hidden[B, S, H]``;
-    ``positions[B, S]``; ``past_k/past_v[B, Hkv, P, D]``: the cache before this call (P keys)."""
+    ``positions[B, S]``; ``past_k/past_v[B, Hkv, P, D]``: the cache before this call (P keys).
+    ``rounded``: steps of :data:`ROUNDED` whose outputs are rounded to ``dtype`` (the residual to
+    fp32), an emulation of where the kernels round; none by default (exact float64)."""
     B, S, H = np.shape(hidden)
     D, Hq, Hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     eps = cfg.rms_norm_eps
+    rnd = _rounder(dtype, set(rounded))
     r = f64(hidden)
-    x = rms_norm(r, w["input_layernorm.weight"], eps)
-    q = linear(x, w["self_attn.q_proj.weight"]).reshape(B, S, Hq, D)
-    k = linear(x, w["self_attn.k_proj.weight"]).reshape(B, S, Hkv, D)
-    v = linear(x, w["self_attn.v_proj.weight"]).reshape(B, S, Hkv, D)
+    x = rnd("input_norm", rms_norm(r, w["input_layernorm.weight"], eps))
+    q = rnd("qkv", linear(x, w["self_attn.q_proj.weight"])).reshape(B, S, Hq, D)
+    k = rnd("qkv", linear(x, w["self_attn.k_proj.weight"])).reshape(B, S, Hkv, D)
+    v = rnd("qkv", linear(x, w["self_attn.v_proj.weight"])).reshape(B, S, Hkv, D)
     cos, sin = cos_sin(positions, D, cfg.rope_theta)
-    q = rope(rms_norm(q, w["self_attn.q_norm.weight"], eps), cos, sin).transpose(0, 2, 1, 3)
-    k = rope(rms_norm(k, w["self_attn.k_norm.weight"], eps), cos, sin).transpose(0, 2, 1, 3)
+    q = rnd("qk_norm_rope", rope(rms_norm(q, w["self_attn.q_norm.weight"], eps), cos, sin)).transpose(0, 2, 1, 3)
+    k = rnd("qk_norm_rope", rope(rms_norm(k, w["self_attn.k_norm.weight"], eps), cos, sin)).transpose(0, 2, 1, 3)
     v = v.transpose(0, 2, 1, 3)
     if past_k is not None:
         k = np.concatenate([f64(past_k), k], axis=2)
         v = np.concatenate([f64(past_v), v], axis=2)
-    a = attention(q, k, v, np.full(B, k.shape[2])).transpose(0, 2, 1, 3).reshape(B, S, Hq * D)
-    r = r + linear(a, w["self_attn.o_proj.weight"])
-    x = rms_norm(r, w["post_attention_layernorm.weight"], eps)
-    r = r + mlp(x, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"])
-    return r, k, v
+    a = rnd("attention", attention(q, k, v, np.full(B, k.shape[2]))).transpose(0, 2, 1, 3).reshape(B, S, Hq * D)
+    r = rnd("residual", r + rnd("o_proj", linear(a, w["self_attn.o_proj.weight"])))
+    x = rnd("post_norm", rms_norm(r, w["post_attention_layernorm.weight"], eps))
+    g = rnd("gate_up", linear(x, w["mlp.gate_proj.weight"]))
+    u = rnd("gate_up", linear(x, w["mlp.up_proj.weight"]))
+    d = rnd("down", linear(rnd("swiglu", silu_mul(g, u)), w["mlp.down_proj.weight"]))
+    return rnd("residual", r + d), k, v
 
 
 def moe_block(cfg, w, x):

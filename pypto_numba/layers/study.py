@@ -64,15 +64,35 @@ def drift(config, depths=(1, 2, 4, 8), dtype="bf16", batch=1, tokens=8, strategi
 
 
 def attribution(layer, hidden, strategies=None, profile=None, steps=STEPS):
-    """Rel-L2 of the layer's output with each step in turn computed in float64 (rounded to its
-    output dtype) -> rows sorted by how much of the error that step removes."""
+    """Which step's rounding contributes most of the layer's error against float64 -> {"rel_l2"
+    (the kernels' layer), "emulated" (the float64 layer with every step's output rounded where the
+    kernels round it), "rows"}. Per step, sorted by ``removed``:
+
+    - ``rel_l2``: the emulated layer with that one step in float64 (its output not rounded);
+      ``removed`` = emulated - that, ``share`` = the part of the squared error it removes;
+    - ``kernel_exact``: the kernels' layer with that step's arithmetic in float64 but its output still
+      rounded to the storage dtype (what the op's own arithmetic adds beyond its output rounding).
+    """
+    from . import reference as ref
+
+    c = layer.config
+    B, S, _ = np.shape(hidden)
+    pos = np.broadcast_to(np.arange(S), (B, S))
     expected = layer.reference(hidden)
     base = precision.rel_l2(layer(hidden, strategies=strategies, profile=profile), expected)
+
+    def emulated(rounded):
+        out = ref.qwen3_layer(c, layer.weights, hidden, pos, dtype=layer.dtype, rounded=rounded)[0]
+        return precision.rel_l2(out, expected)
+
+    full = emulated(ref.ROUNDED)
     rows = []
-    for step in steps:
-        r, d = layer.forward(hidden, strategies=strategies, profile=profile, exact=(step,))
-        err = precision.rel_l2(r + d.astype(np.float32), expected)
-        rows.append({"step": step, "rel_l2": err, "removed": base - err,
-                     "share": (base**2 - err**2) / base**2 if base else 0.0})
+    for step in tuple(steps) + ("residual",):
+        err = emulated(tuple(s for s in ref.ROUNDED if s != step))
+        row = {"step": step, "rel_l2": err, "removed": full - err, "share": (full**2 - err**2) / full**2 if full else 0.0}
+        if step in STEPS:
+            r, d = layer.forward(hidden, strategies=strategies, profile=profile, exact=(step,))
+            row["kernel_exact"] = precision.rel_l2(r + d.astype(np.float32), expected)
+        rows.append(row)
     rows.sort(key=lambda row: -row["removed"])
-    return {"rel_l2": base, "rows": rows}
+    return {"rel_l2": base, "emulated": full, "rows": rows}
