@@ -201,7 +201,8 @@ def _layer(args, scenario=None) -> int:
             print(f"\r  layers {done}/{total} " + "#" * done + "." * (total - done), end="", file=sys.stderr)
 
         depths = sorted({d for d in (1, 2, 4, 8, args.layers) if d <= args.layers})
-        print(f"== drift over {args.layers} layers vs float64 ({opts['dtype']}, 1 x 4 tokens, seed's picks)")
+        print(f"== drift over {args.layers} layers vs float64 ({opts['dtype']}, a prefill of 1 x 4 tokens, "
+              f"seed's picks)")
         rows = layers.drift(cfg, depths, opts["dtype"], batch=1, tokens=4, progress=bar, profile=args.profile)
         print(file=sys.stderr)
         print("| layers | rel-L2 | cosine | > 1e-2 | outliers (0.5 % rule) |\n|---:|---:|---:|---:|---:|")

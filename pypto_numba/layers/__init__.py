@@ -21,6 +21,6 @@ from .advise import advice_text, advise_layer
 from .study import attribution, drift, layer_precision, run_stack
 from .weights import Weights, read_safetensors, write_safetensors
 
-__all__ = ["ConfigError", "advise_layer", "advice_text", "KVCache", "LayerConfig", "LayerPlan", "MoeBlock", "NAMES", "Qwen3Layer", "Step",
-           "Weights", "attribution", "config", "config_from_hf", "drift", "layer_precision", "plan_moe",
-           "plan_qwen3", "read_safetensors", "run_stack", "write_safetensors"]
+__all__ = ["NAMES", "ConfigError", "KVCache", "LayerConfig", "LayerPlan", "MoeBlock", "Qwen3Layer", "Step", "Weights",
+           "advice_text", "advise_layer", "attribution", "config", "config_from_hf", "drift", "layer_precision",
+           "plan_moe", "plan_qwen3", "read_safetensors", "reference", "run_stack", "write_safetensors"]

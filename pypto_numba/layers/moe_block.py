@@ -2,7 +2,8 @@
 
     logits = x @ Wgate^T                          router     linear          [T, E]
     w, ids = sigmoid_gating(logits, k, bias, n_group, topk_group, group_score="top2_sum")
-                                                  gating     moe.sigmoid_gating (softmax_gating for scoring_func="softmax")
+                                                  gating     moe.sigmoid_gating (softmax_gating when
+                                                             scoring_func="softmax")
     xs = x[token of each (t, j), sorted by expert]  dispatch embedding.gather  [T*k, H]
     ys[e] = mlp_e(xs[rows of e])                  experts    linear + swiglu + linear per expert with tokens
     y_sh = mlp_shared(x)                          shared     the same on all T tokens

@@ -50,7 +50,8 @@ def build() -> str:
            "sum of their plans' costs (a test checks it equals the kernels' counted costs of a run). "
            "Host steps (the KV-cache write, layout transposes, the expert outputs' concatenation) count "
            "no kernel. `rmsnorm` is fixed to `fused_add` by the advice: both norms follow a residual add.", ""]
-    out += _layer_section("Qwen3-14B decode layer (batch 16, context 4096)", plan_qwen3, "qwen3-14b", "decode", 16, 4096)
+    out += _layer_section("Qwen3-14B decode layer (batch 16, context 4096)", plan_qwen3, "qwen3-14b", "decode",
+                          16, 4096)
     out += _layer_section("Qwen3-1.7B prefill layer (batch 1, 2048 tokens)", plan_qwen3, "qwen3-1.7b", "prefill", 1,
                           2048)
     out += _layer_section("DeepSeek-V3 MoE block (decode, batch 16; balanced routing: 128 experts with one token)",

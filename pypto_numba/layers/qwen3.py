@@ -3,12 +3,14 @@
     r = hidden (fp32 residual stream)
     x = rmsnorm(r)                                   input_norm   rmsnorm.plain (fused_add when stacked)
     q, k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T           qkv          linear (3 calls)
-    q, k = rope(rmsnorm_head(q)), rope(rmsnorm_head(k))  qk_norm_rope  rope.fused_rmsnorm | rmsnorm.plain + rope.standard
+    q, k = rope(rmsnorm_head(q)), rope(rmsnorm_head(k))
+                                                     qk_norm_rope rope.fused_rmsnorm | rmsnorm.plain + rope.standard
     cache <- k, v                                    kv_write     attention.write_kv (paged, host write)
     a = attention(q, cache)                          attention    attention.online | flash (paged, causal)
     o = a @ Wo^T                                     o_proj       linear
     x, r = rmsnorm(r + o)                            post_norm    rmsnorm.fused_add | host add + plain
-    h = swiglu(x @ [Wg; Wu]^T)                       gate_up, swiglu   linear + swiglu.fused | separate, or swiglu.epilogue
+    h = swiglu(x @ [Wg; Wu]^T)                       gate_up, swiglu  linear + swiglu.fused | separate,
+                                                                      or swiglu.epilogue
     d = h @ Wd^T                                     down         linear
     out = r + d                                      (fp32; in a stack, fused into the next layer's input norm)
 
@@ -181,7 +183,10 @@ class Qwen3Layer:
         if delta is None:
             r = hidden.astype(np.float32)
             x_in = hidden if dtypes.storage_name(hidden.dtype) == dt else _cast(hidden, dt)
-            x = _exact(ref.rms_norm(x_in, w_in, eps), dt) if "input_norm" in exact else rmsnorm.plain(x_in, w_in, eps, **kw)
+            if "input_norm" in exact:
+                x = _exact(ref.rms_norm(x_in, w_in, eps), dt)
+            else:
+                x = rmsnorm.plain(x_in, w_in, eps, **kw)
         elif "input_norm" in exact:
             r = (hidden.astype(np.float32) + delta.astype(np.float32))
             x = _exact(ref.rms_norm(r, w_in, eps), dt)

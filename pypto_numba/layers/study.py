@@ -89,7 +89,8 @@ def attribution(layer, hidden, strategies=None, profile=None, steps=STEPS):
     rows = []
     for step in tuple(steps) + ("residual",):
         err = emulated(tuple(s for s in ref.ROUNDED if s != step))
-        row = {"step": step, "rel_l2": err, "removed": full - err, "share": (full**2 - err**2) / full**2 if full else 0.0}
+        share = (full**2 - err**2) / full**2 if full else 0.0
+        row = {"step": step, "rel_l2": err, "removed": full - err, "share": share}
         if step in STEPS:
             r, d = layer.forward(hidden, strategies=strategies, profile=profile, exact=(step,))
             row["kernel_exact"] = precision.rel_l2(r + d.astype(np.float32), expected)
