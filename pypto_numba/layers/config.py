@@ -147,8 +147,12 @@ def _build(base: dict, overrides: dict, name: str) -> LayerConfig:
         else:
             extra[key] = value
     values["name"] = name
-    if values.get("head_dim") is None and values.get("hidden_size") and values.get("num_attention_heads"):
-        values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]  # HF's default
+    hidden, heads = values.get("hidden_size"), values.get("num_attention_heads")
+    if values.get("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        if hidden % heads:  # HF's default head_dim = hidden_size // num_attention_heads needs it exact
+            raise ConfigError(f"config {name!r}: head_dim is not given and hidden_size={hidden} is not a multiple "
+                              f"of num_attention_heads={heads}; give head_dim")
+        values["head_dim"] = hidden // heads
     if values.get("num_key_value_heads") is None:
         values["num_key_value_heads"] = values.get("num_attention_heads")
     missing = [f for f in ("model_type",) + _INTS[:-1] if values.get(f) is None]

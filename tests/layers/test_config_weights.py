@@ -51,6 +51,13 @@ def test_bad_config_names_the_field(name, overrides, field):
     assert isinstance(e.value, ValueError) and isinstance(e.value, PyptoNumbaError)
 
 
+def test_hf_dict_without_head_dim_needs_divisible_heads():
+    with pytest.raises(ConfigError, match="head_dim is not given.*hidden_size=100.*num_attention_heads=3"):
+        layers.config_from_hf({"hidden_size": 100, "num_attention_heads": 3, "intermediate_size": 64})
+    with pytest.raises(ConfigError, match="missing field 'intermediate_size'"):
+        layers.config_from_hf({"hidden_size": 96, "num_attention_heads": 3})
+
+
 def test_unknown_name_suggests():
     with pytest.raises(ConfigError, match="qwen3-14b"):
         layers.config("qwen3-14")

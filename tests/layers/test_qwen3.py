@@ -65,18 +65,20 @@ def test_prefill_then_decode_equals_one_longer_prefill_in_fp32(rng):
 
 
 COMBOS = [
-    {},
-    {"attention": "flash", "rmsnorm": "plain", "rope": "standard", "swiglu": "separate", "linear": "matmul_add"},
-    {"swiglu": "epilogue"},
+    ({}, "bf16"),
+    ({}, "fp32"),
+    ({}, "fp16"),
+    ({"attention": "flash", "rmsnorm": "plain", "rope": "standard", "swiglu": "separate", "linear": "matmul_add"},
+     "bf16"),
+    ({"swiglu": "epilogue"}, "bf16"),
 ]
 
 
-@pytest.mark.parametrize("strategies", COMBOS)
+@pytest.mark.parametrize("strategies, dt", COMBOS)
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
-def test_plan_cost_equals_the_counted_cost_of_a_run(strategies, phase, rng):
+def test_plan_cost_equals_the_counted_cost_of_a_run(strategies, dt, phase, rng):
     """Two stacked layers: the first plans as stacked=False (plain input norm), the second as a
     layer inside a stack (its input norm fused with the first layer's residual add)."""
-    dt = "bf16"
     stack = [layers.Qwen3Layer(CFG, dtype=dt, layer=i) for i in range(2)]
     B, C = 2, 6
     S = 1 if phase == "decode" else C
