@@ -41,11 +41,15 @@ def balanced_tokens(T, k, E):
 
 class MoeBlock:
     """``MoeBlock(config, weights=None, seed=0, dtype="bf16", layer=0)``; ``block(x[..., H])`` ->
-    the routed + shared experts' combined output in the storage dtype (x: the normed hidden)."""
+    the routed + shared experts' combined output in the storage dtype (x: the normed hidden).
+
+    Generated expert weights are kept while all experts take at most ``keep_bytes`` (1 GiB);
+    above it each expert is generated when its tokens arrive and dropped after its MLP (full-width
+    DeepSeek-V3 experts are 88 MB each in bf16)."""
 
     kind = "moe"
 
-    def __init__(self, config, weights=None, seed=0, dtype="bf16", layer=0):
+    def __init__(self, config, weights=None, seed=0, dtype="bf16", layer=0, keep_bytes=1 << 30):
         self.config = resolve(config)
         if not self.config.is_moe:
             raise ConfigError(f"MoeBlock: config {self.config.name!r} has n_routed_experts=0 (a dense MLP)")
@@ -55,12 +59,19 @@ class MoeBlock:
         self.weights = layer_weights(self.config, moe_shapes(self.config), self.dtype, weights, seed, layer)
         self._gate_up = {}
         self.last_tokens = None
+        c = self.config
+        expert_bytes = 3 * c.hidden_size * c.moe_intermediate_size * dtypes.itemsize(self.dtype)
+        self.keep = c.n_routed_experts * expert_bytes <= keep_bytes
 
     def gate_up(self, prefix):
-        if prefix not in self._gate_up:
-            w = self.weights
-            self._gate_up[prefix] = np.concatenate([w[prefix + "gate_proj.weight"], w[prefix + "up_proj.weight"]])
-        return self._gate_up[prefix]
+        """``[Wg; Wu]`` of one expert (kept when the block keeps its experts)."""
+        if prefix in self._gate_up:
+            return self._gate_up[prefix]
+        w = self.weights
+        gu = np.concatenate([w[prefix + "gate_proj.weight"], w[prefix + "up_proj.weight"]])
+        if self.keep or not prefix.startswith("mlp.experts."):
+            self._gate_up[prefix] = gu
+        return gu
 
     def _mlp(self, x, prefix, s, profile):
         w = self.weights
@@ -107,6 +118,8 @@ class MoeBlock:
                                                w[p + "down_proj.weight"]), dt))
                 else:
                     outs.append(self._mlp(rows, p, s, profile))
+                if not self.keep:
+                    w.forget(p)
                 start += n
         cols = [gw]
         if c.n_shared_experts:
@@ -129,7 +142,8 @@ class MoeBlock:
 
     def reference(self, x):
         c = self.config
-        return ref.moe_block(c, self.weights, np.asarray(x).reshape(-1, c.hidden_size)).reshape(np.shape(x))
+        return ref.moe_block(c, self.weights, np.asarray(x).reshape(-1, c.hidden_size),
+                             forget=not self.keep).reshape(np.shape(x))
 
     def plan(self, phase="decode", batch=1, context=4096, dtype="bf16", strategies=None, profile=None,
              expert_tokens=None):

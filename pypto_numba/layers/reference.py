@@ -116,7 +116,7 @@ def qwen3_layer(cfg, w, hidden, positions, past_k=None, past_v=None, dtype="fp32
     return rnd("residual", r + d), k, v
 
 
-def moe_block(cfg, w, x):
+def moe_block(cfg, w, x, forget=False):
     """DeepSeek-V3's MoE block in float64 on ``x[T, H]`` (the normed hidden states) -> ``[T, H]``.
 
     Router: ``s = sigmoid(x @ gate^T)``, selection by ``s + bias``: groups scored by the sum of
@@ -129,6 +129,7 @@ def moe_block(cfg, w, x):
     s = 1.0 / (1.0 + np.exp(-linear(x, w["mlp.gate.weight"])))
     sel = s + f64(w["mlp.gate.e_score_correction_bias"])
     out = np.zeros_like(x)
+    picks = {}
     for t in range(T):
         groups = sel[t].reshape(g, E // g)
         score = np.sort(groups, axis=1)[:, -2:].sum(axis=1) if E // g >= 2 else groups[:, 0]
@@ -141,10 +142,17 @@ def moe_block(cfg, w, x):
         if cfg.norm_topk_prob:
             wt = wt / (wt.sum() + 1e-20)
         wt = wt * cfg.routed_scaling_factor
-        for e, we in zip(ids, wt):
+        picks[t] = list(zip(ids, wt))
+    for e in range(E):  # expert by expert: each expert's weights are read (or generated) once
+        rows = [(t, we) for t in range(T) for i, we in picks[t] if i == e]
+        if rows:
             p = f"mlp.experts.{e}."
-            out[t] += we * mlp(x[t:t + 1], w[p + "gate_proj.weight"], w[p + "up_proj.weight"],
-                               w[p + "down_proj.weight"])[0]
+            y = mlp(x[[t for t, _ in rows]], w[p + "gate_proj.weight"], w[p + "up_proj.weight"],
+                    w[p + "down_proj.weight"])
+            for (t, we), yt in zip(rows, y):
+                out[t] += we * yt
+            if hasattr(w, "forget") and forget:
+                w.forget(p)
     if cfg.n_shared_experts:
         p = "mlp.shared_experts."
         out += mlp(x, w[p + "gate_proj.weight"], w[p + "up_proj.weight"], w[p + "down_proj.weight"])

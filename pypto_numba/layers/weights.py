@@ -98,6 +98,7 @@ class Weights:
             self._arrays[self._key(name)] = value
         for name in list(self._arrays):
             self._check(name, self._arrays[name])
+        self._given = set(self._arrays)
 
     def _key(self, name):
         p = prefix(self.layer)
@@ -128,6 +129,13 @@ class Weights:
                                         self.source))
             self._arrays[name] = _generate(name, self.shapes[name], self.dtype, self.seed, self.layer)
         return self._arrays[name]
+
+    def forget(self, prefix_: str):
+        """Drop the generated parameters under ``prefix_`` (they are generated again when read):
+        a DeepSeek-V3 block at full width then holds one expert at a time. Given arrays stay."""
+        if self.generate:
+            for name in [n for n in self._arrays if n.startswith(prefix_) and n not in self._given]:
+                del self._arrays[name]
 
     def missing(self):
         """Names of the expected parameters not given (they would be generated or refused)."""

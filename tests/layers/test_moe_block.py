@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import pypto_numba as pn
@@ -51,3 +52,14 @@ def test_full_scale_deepseek_plan_without_weights():
 def test_a_dense_config_is_refused():
     with pytest.raises(ConfigError, match="n_routed_experts=0"):
         layers.MoeBlock("qwen3-1.7b")
+
+
+def test_experts_generated_one_at_a_time_give_the_same_block(rng):
+    x = dtypes.from_float32(rng.standard_normal((5, 128)), "bf16")
+    kept = layers.MoeBlock(CFG, dtype="bf16", seed=9)
+    lazy = layers.MoeBlock(CFG, dtype="bf16", seed=9, keep_bytes=0)
+    assert kept.keep and not lazy.keep
+    a, b = kept(x), lazy(x)
+    assert np.array_equal(a.view(np.uint16), b.view(np.uint16))
+    assert not any(n.startswith("mlp.experts.") for n in lazy.weights._arrays)
+    np.testing.assert_array_equal(kept.reference(x), lazy.reference(x))
