@@ -19,8 +19,9 @@ from .plan import LayerPlan, Step
 from .qwen3 import KVCache, Qwen3Layer, plan_qwen3
 from .advise import advice_text, advise_layer
 from .study import attribution, drift, layer_precision, run_stack
-from .weights import Weights, read_safetensors, write_safetensors
+from .weights import Weights, read_safetensors, safetensors_names, write_safetensors
 
 __all__ = ["NAMES", "ConfigError", "KVCache", "LayerConfig", "LayerPlan", "MoeBlock", "Qwen3Layer", "Step", "Weights",
            "advice_text", "advise_layer", "attribution", "config", "config_from_hf", "drift", "layer_precision",
-           "plan_moe", "plan_qwen3", "read_safetensors", "reference", "run_stack", "write_safetensors"]
+           "plan_moe", "plan_qwen3", "read_safetensors", "reference", "run_stack", "safetensors_names",
+           "write_safetensors"]

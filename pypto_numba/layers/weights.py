@@ -159,20 +159,30 @@ def _missing(key, known, source):
 # safetensors
 
 
-def read_safetensors(path) -> dict:
-    """All tensors of a safetensors file -> {name: numpy array} (F32, F16, BF16)."""
+def safetensors_names(path) -> list:
+    """The tensor names of a safetensors file (its header only)."""
     with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 8:
-        raise ShapeError(f"safetensors {path}: {len(raw)} bytes, shorter than the 8-byte header length")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if 8 + n > len(raw):
-        raise ShapeError(f"safetensors {path}: header length {n} runs past the file ({len(raw)} bytes)")
-    header = json.loads(raw[8:8 + n].decode("utf-8"))
-    data = memoryview(raw)[8 + n:]
+        (n,) = struct.unpack("<Q", f.read(8))
+        return [k for k in json.loads(f.read(n).decode("utf-8")) if k != "__metadata__"]
+
+
+def read_safetensors(path, names=None) -> dict:
+    """The tensors of a safetensors file -> {name: numpy array} (F32, F16, BF16); ``names``: only
+    these (the file is mapped, so only their bytes are read)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ShapeError(f"safetensors {path}: {len(head)} bytes, shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        header_bytes = f.read(n)
+    if len(header_bytes) != n:
+        raise ShapeError(f"safetensors {path}: header length {n} runs past the file")
+    header = json.loads(header_bytes.decode("utf-8"))
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n) if any(
+        k != "__metadata__" for k in header) else np.zeros(0, np.uint8)
     out = {}
     for name, info in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__" or (names is not None and name not in names):
             continue
         kind = _ST_DTYPES.get(info.get("dtype"))
         if kind is None:
@@ -181,12 +191,12 @@ def read_safetensors(path) -> dict:
         shape = tuple(int(d) for d in info["shape"])
         begin, end = (int(x) for x in info["data_offsets"])
         item = dtypes.itemsize(kind)
-        if end - begin != math.prod(shape) * item or end > len(data):
+        if end - begin != math.prod(shape) * item or end > data.size:
             raise ShapeError(f"safetensors {path}: {name} data_offsets {begin}..{end} do not hold "
                              f"{shape} x {item} B")
-        le = np.frombuffer(data[begin:end], dtype="<u2" if item == 2 else "<f4")
-        arr = le.astype(le.dtype.newbyteorder("="))
-        out[name] = arr.view(dtypes.STORAGE[kind]).reshape(shape).copy()
+        le = data[begin:end].view("<u2" if item == 2 else "<f4")
+        arr = le.astype(le.dtype.newbyteorder("="))  # a copy in native order
+        out[name] = arr.view(dtypes.STORAGE[kind]).reshape(shape)
     return out
 
 
@@ -225,12 +235,13 @@ def layer_weights(cfg, shapes, dtype, weights, seed, layer):
         w.require_all()
         return w
     if isinstance(weights, (str, bytes)) or hasattr(weights, "__fspath__"):
-        tensors = read_safetensors(weights)
+        wanted = set(shapes) | {prefix(layer) + n for n in shapes}
+        tensors = read_safetensors(weights, names=wanted)  # only this layer's bytes are read
         w = Weights(shapes, dtype, arrays=_this_layer(tensors, layer), layer=layer, generate=False,
                     source=str(weights))
-        if not w._arrays and tensors:
-            raise KeyError(_missing(prefix(layer) + next(iter(shapes)), list(tensors), str(weights)))
-        w.require_all()
+        gone = w.missing()
+        if gone:  # close matches among every name in the file
+            raise KeyError(_missing(prefix(layer) + gone[0], safetensors_names(weights), str(weights)))
         return w
     raise ConfigError(f"weights must be None, a dict of arrays, a safetensors path or a Weights, got "
                       f"{type(weights).__name__}")

@@ -136,3 +136,18 @@ def test_wrong_shape_or_dtype_names_the_parameter():
     bad = dict(names, **{"model.layers.0.self_attn.o_proj.weight": np.zeros((64, 64), np.float16)})
     with pytest.raises(DTypeError, match=r"o_proj\.weight has dtype float16.*fp32"):
         layers.Qwen3Layer(cfg, weights=bad, dtype="fp32")
+
+
+def test_a_model_file_with_several_layers_reads_only_its_layer(tmp_path):
+    cfg = layers.config("qwen3-1.7b", **SMALL)
+    names = {}
+    for i in range(3):
+        names.update(_full_names(layers.Qwen3Layer(cfg, seed=i, dtype="bf16", layer=i), i))
+    names["model.embed_tokens.weight"] = np.zeros((10, 64), np.float32)
+    path = tmp_path / "model.safetensors"
+    lw.write_safetensors(path, names)
+    assert len(lw.safetensors_names(path)) == len(names)
+    one = layers.Qwen3Layer(cfg, weights=path, dtype="bf16", layer=1)
+    assert np.array_equal(one["mlp.down_proj.weight"].view(np.uint16),
+                          names["model.layers.1.mlp.down_proj.weight"].view(np.uint16))
+    assert set(lw.read_safetensors(path, names={"model.embed_tokens.weight"})) == {"model.embed_tokens.weight"}
