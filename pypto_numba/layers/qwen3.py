@@ -325,6 +325,10 @@ def plan_qwen3(config, phase="decode", batch=1, context=4096, dtype="bf16", stra
     add("attention", "attention", s["attention"],
         attention.plan_paged(s["attention"], (B, Hq, S, D), (B * pages, bs, Hkv, D), (B, pages), None, dt,
                              kv_len=[C] * B, **kw, **opts))
+    b = dtypes.itemsize(dt)
+    add("layout", "host", "transpose", None,
+        f"host transposes of q to [B, Hq, S, D] and of the attention output back: 2 x {B * S * Hq * D * b} B "
+        f"copied, no kernel (attention's coming layout='bshd' removes them)")
     project("o_proj", (B, S), H, Hq * D)
     if s["rmsnorm"] == "fused_add":
         add("post_norm", "rmsnorm", "fused_add",
