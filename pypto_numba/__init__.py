@@ -24,6 +24,7 @@ from .advise import advise
 # A new op is one more name here.
 from . import gelu, mean, rope, attention, repeat_kv, moe, linear, embedding, rmsnorm, softmax, swiglu  # noqa: E402,I001
 from . import tune  # noqa: E402  (tile search and the cube L0 model, from plans and profiles)
+from . import layers  # noqa: E402  (model layers composed of the ops' calls)
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,7 @@ __all__ = [
     "compare",
     "embedding",
     "gelu",
+    "layers",
     "linear",
     "load_profile",
     "mean",

@@ -50,6 +50,8 @@ def _compare(args) -> int:
     from . import strategy
     from .compare import compare, make_inputs, parse_shape
 
+    if args.op == "layer":
+        return _layer(args)
     ops = [args.op] if args.op else list(strategy.OPS)
     results = []
     for op in ops:
@@ -124,6 +126,8 @@ def _advise(args, extra) -> int:
     from .advise import advise
 
     scenario = _scenario(extra, "advise")
+    if args.op == "layer":
+        return _layer(args, scenario)
     result = advise(args.op, profile=args.profile, **scenario)
     if args.format == "json":
         print(json.dumps(result.to_dict(), indent=2, default=str))
@@ -182,6 +186,47 @@ def _shape_orders() -> str:
     return "--shape per op:\n" + "\n".join(f"  {s.name}: {s.inputs.help}" for s in specs())
 
 
+def _layer(args, scenario=None) -> int:
+    """``compare layer`` (per-op table, totals, drift over --layers) and ``advise layer`` (the
+    chosen strategy combination), from pypto_numba.layers."""
+    from . import layers
+
+    opts = dict(model="qwen3-1.7b", phase="decode", batch=16, context=4096, dtype="bf16")
+    if scenario is None:  # compare layer: its own flags
+        opts.update({k: getattr(args, k) for k in ("model", "phase", "batch", "context", "dtype")})
+    else:
+        unknown = set(scenario) - set(opts)
+        if unknown:
+            raise PyptoNumbaError(f"advise layer: unknown keywords {sorted(unknown)}; known: {sorted(opts)}")
+        opts.update(scenario)
+    advice = layers.advise_layer(opts["model"], opts["phase"], opts["batch"], opts["context"], opts["dtype"],
+                                 args.profile)
+    if scenario is not None:
+        print(json.dumps(advice, indent=2, default=str) if args.format == "json" else layers.advice_text(advice))
+        return 0
+    cfg = layers.config(opts["model"]) if isinstance(opts["model"], str) else opts["model"]
+    plan_fn = layers.plan_moe if cfg.is_moe else layers.plan_qwen3
+    for title, strategies in (("seed's picks", None), ("advised", advice["chosen"])):
+        p = plan_fn(cfg, opts["phase"], opts["batch"], opts["context"], opts["dtype"], strategies, args.profile)
+        print(f"== {title}: {dict(p.strategies)}")
+        print(p.to_markdown(args.profile))
+        print()
+    if args.layers and not cfg.is_moe:
+        def bar(done, total):
+            print(f"\r  layers {done}/{total} " + "#" * done + "." * (total - done), end="", file=sys.stderr)
+
+        depths = sorted({d for d in (1, 2, 4, 8, args.layers) if d <= args.layers})
+        print(f"== drift over {args.layers} layers vs float64 ({opts['dtype']}, a prefill of 1 x 4 tokens, "
+              f"seed's picks)")
+        rows = layers.drift(cfg, depths, opts["dtype"], batch=1, tokens=4, progress=bar, profile=args.profile)
+        print(file=sys.stderr)
+        print("| layers | rel-L2 | cosine | > 1e-2 | outliers (0.5 % rule) |\n|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['layers']} | {r['rel_l2']:.3g} | {r['cosine']:.6f} | {100 * r['above_1e-2']:.2f} % | "
+                  f"{r['outliers']}/{r['dist'].allowed} |")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pypto-numba", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -205,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", metavar="OUT.json", default=None,
                    help="write the pipe model's schedule of every compared strategy as one Chrome/Perfetto "
                         "trace (a process group per strategy, all from time 0)")
+    p.add_argument("--model", default="qwen3-1.7b", help="compare layer: qwen3-1.7b, qwen3-14b or deepseek-v3")
+    p.add_argument("--phase", default="decode", choices=("decode", "prefill"), help="compare layer")
+    p.add_argument("--batch", type=int, default=16, help="compare layer")
+    p.add_argument("--context", type=int, default=4096, help="compare layer: tokens in the cache / prefilled")
+    p.add_argument("--layers", type=int, default=0, help="compare layer: drift over this many stacked layers")
     p.set_defaults(func=_compare)
 
     p = sub.add_parser(

@@ -26,3 +26,7 @@ class ShapeError(PyptoNumbaError):
 
 class DTypeError(PyptoNumbaError, TypeError):
     """An input has an unsupported dtype."""
+
+
+class ConfigError(PyptoNumbaError):
+    """A model config has inconsistent or missing fields (the message names the field)."""

@@ -153,3 +153,88 @@ def evaluate(
         allowed=allowed,
         numel=n,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer-level error distribution (pypto-lib's golden/validation.py metrics, npu-facts 8.3)
+
+DIFF_THRESHOLDS = (1e-3, 3e-3, 5e-3, 1e-2, 3e-2, 5e-2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+    """How an output's error is spread: rel-L2, cosine similarity, the fraction of points whose
+    floored relative difference exceeds each threshold, and the 0.5 % outlier rule's verdict."""
+
+    rel_l2: float
+    cosine: float
+    above: dict  # threshold -> fraction of points with rdiff above it
+    outliers: int  # points breaking |a - e| <= atol + rtol*|e|
+    allowed: int  # round(0.005 * n)
+    rtol: float
+    atol: float
+    numel: int
+    finite: bool
+
+    @property
+    def outlier_pass(self) -> bool:
+        return self.finite and self.outliers <= self.allowed
+
+    def __str__(self):
+        above = " ".join(f">{t:g}:{100 * f:.2f}%" for t, f in self.above.items())
+        return (f"rel_l2={self.rel_l2:.3g} cos={self.cosine:.6f} {above} outliers={self.outliers}/{self.allowed} "
+                f"({'PASS' if self.outlier_pass else 'FAIL'} 0.5% rule rtol={self.rtol:g} atol={self.atol:g})")
+
+
+def rel_l2(actual, expected) -> float:
+    """``||a - e|| / ||e||`` in float64 (0 when both are zero)."""
+    a = np.asarray(actual).astype(np.float64).ravel()
+    e = np.asarray(expected, dtype=np.float64).ravel()
+    den = float(np.linalg.norm(e))
+    num = float(np.linalg.norm(a - e))
+    return num / den if den else (0.0 if num == 0 else math.inf)
+
+
+def cosine(actual, expected) -> float:
+    """Cosine similarity of the flattened outputs (1.0 when both are zero)."""
+    a = np.asarray(actual).astype(np.float64).ravel()
+    e = np.asarray(expected, dtype=np.float64).ravel()
+    na, ne = float(np.linalg.norm(a)), float(np.linalg.norm(e))
+    if na == 0 or ne == 0:
+        return 1.0 if na == ne else 0.0
+    return float(a @ e) / (na * ne)
+
+
+def rdiff(actual, expected, diff_thd: float = 0.01) -> np.ndarray:
+    """pypto-lib's floored relative difference: ``a = |act - exp|``, ``b = max(|act|, |exp|,
+    2^-14 / diff_thd) + 1e-9``, ``a if a < diff_thd else a / b`` (NaN/Inf -> inf)."""
+    a_ = np.asarray(actual).astype(np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(a_ - e)
+        b = np.maximum(np.maximum(np.abs(a_), np.abs(e)), 2.0**-14 / diff_thd) + 1e-9
+        r = np.where(d < diff_thd, d, d / b)
+    return np.where(np.isfinite(r), r, np.inf)
+
+
+def distribution(actual, expected, dtype: str = "bf16", rtol: float = None, atol: float = None,
+                 thresholds=DIFF_THRESHOLDS) -> Distribution:
+    """The layer-level metrics of ``actual`` against the float64 ``expected`` (see :class:`Distribution`);
+    (rtol, atol) of the outlier rule default to the ``outlier`` policy's for ``dtype``."""
+    a = np.asarray(actual).astype(np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        from .errors import ShapeError
+
+        raise ShapeError(f"precision: actual shape {a.shape} != expected shape {e.shape}")
+    d_rtol, d_atol = tolerances("outlier", dtype)
+    rtol = d_rtol if rtol is None else float(rtol)
+    atol = d_atol if atol is None else float(atol)
+    n = a.size
+    finite = bool(np.isfinite(a).all())
+    rd = rdiff(a, e)
+    above = {float(t): (float(np.count_nonzero(rd > t)) / n if n else 0.0) for t in thresholds}
+    with np.errstate(invalid="ignore"):
+        over = ~(np.abs(a - e) <= atol + rtol * np.abs(e))
+    return Distribution(rel_l2=rel_l2(a, e), cosine=cosine(a, e), above=above, outliers=int(np.count_nonzero(over)),
+                        allowed=int(round(OUTLIER_FRACTION * n)), rtol=rtol, atol=atol, numel=n, finite=finite)
