@@ -453,6 +453,31 @@ def _linear(profile, tokens=16, in_features=4096, out_features=4096, dtype="bf16
     return cands, None, ()
 
 
+def _linear_tiles(profile, tokens, in_features, out_features, dtype, bias):
+    """tune.search's space: L1 tiles mL1 x nL1 x kL1 in powers of two up to the first that
+    covers the dim, L0 tiles (mL0, kL0, nL0) = (min(mL1, 128), min(kL1, 64 or 128 for mL0 <= 32),
+    min(nL1, 128)); the cube time itself comes from tune.l0_tile (machine/pipes.py)."""
+    from .lab import Candidate
+    from .lab.spec import pow2
+
+    def upto(lo, hi, dim):
+        vals = pow2(lo, hi)
+        return tuple(v for i, v in enumerate(vals) if i == 0 or vals[i - 1] < dim)
+
+    x, w = (tokens, in_features), (out_features, in_features)
+    plans = {"matmul_add": plan_matmul_add, "fused_bias": plan_fused_bias}
+    for m1 in upto(16, 512, tokens):
+        m0 = min(m1, 128)
+        for n1 in upto(32, 512, out_features):
+            for k1 in upto(64, 512, in_features):
+                t = ((m0, m1), (min(k1, 128 if m0 <= 32 else 64), k1), (min(n1, 128), n1))
+                for label, plan in plans.items():
+                    yield Candidate(label, lambda plan=plan, t=t: (plan(x, w, dtype, bias=bias, profile=profile,
+                                                                        cube_tiles=t),),
+                                    fused=label == "fused_bias", tiles={"cube_tiles": t},
+                                    shape=(tokens, in_features, out_features))
+
+
 def _lab_spec():
     from .lab import Inputs, OpSpec, Seed, Tolerance
 
@@ -466,6 +491,7 @@ def _lab_spec():
         tolerance=Tolerance(policy="outlier", fp32=(1e-4, 1e-5), half=(2.0**-7, 1e-3)),
         advise=_linear,  # named as advise's old rule: its TypeError names it
         oracles={"linear": _reference_linear},
+        tiles=_linear_tiles,
     )
 
 

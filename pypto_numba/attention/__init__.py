@@ -188,6 +188,30 @@ def _attention(
     return cands, ("online" if phase == "decode" else "flash"), notes
 
 
+def _attention_tiles(profile, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, gqa, window,
+                     softcap, sinks, block_size):
+    """tune.search's space: kv tiles of 32 to 512 x query tiles of 16 to 256 (prefill only) for
+    online and flash; standard has no tile keyword (its default plans only)."""
+    from ..lab import Candidate
+    from ..lab.spec import grid, pow2
+
+    q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
+    kw = dict(profile=profile, causal=causal, gqa=gqa, window=window, softcap=softcap, has_sinks=sinks)
+    q_tiles = (None,) if q_len == 1 else pow2(16, 256)
+    shape = (batch, q_heads, kv_heads, q_len, kv_len, head_dim)
+    if block_size is not None:
+        pages = -(-kv_len // block_size)
+        shapes = (q, (batch * pages, block_size, kv_heads, head_dim), (batch, pages))
+        plan = lambda s, t: (plan_paged(s, *shapes, None, dtype, kv_len=[kv_len] * batch, **kw, **t),)  # noqa: E731
+        shape = None  # compare takes a dense cache
+    else:
+        plans = {"online": plan_online, "flash": plan_flash}
+        plan = lambda s, t: (plans[s](q, k, None, dtype, **kw, **t),)  # noqa: E731
+    for t in grid(kv_tile=pow2(32, 512), q_tile=q_tiles):
+        for s in ("online", "flash"):
+            yield Candidate(s, lambda s=s, t=t: plan(s, t), fused=s == "flash", tiles=t, shape=shape)
+
+
 def _lab_spec():
     from ..lab import Inputs, OpSpec, Seed, Tolerance
 
@@ -203,6 +227,7 @@ def _lab_spec():
         tolerance=Tolerance(half=(5e-3, 5e-3)),  # npu-facts 2.1
         advise=_attention,  # named as advise's old rule: its TypeError names it
         oracles={"attention": _reference_attention},
+        tiles=_attention_tiles,
     )
 
 

@@ -15,7 +15,11 @@ A spec declares:
   not simply the registered strategies; ``outputs``: which arrays of a result are scored;
 - ``tolerance``: the precision policy and (rtol, atol) per dtype;
 - ``advise``: the scenario rule, ``(profile, **keywords) -> (candidates, seed choice, notes)``;
-  its keyword defaults are the scenario's defaults and the keywords scenarios.toml may use.
+  its keyword defaults are the scenario's defaults and the keywords scenarios.toml may use;
+- ``tiles`` (optional): the tile search space of a scenario, ``(profile, **keywords) ->
+  iterable of Candidate`` with ``Candidate.tiles`` set to the plan's tile keywords (one per
+  strategy and legal-looking tile shape; the plans refuse the rest). It gets every advise
+  keyword, defaults filled in. :func:`pypto_numba.tune.search` ranks them, advise takes the best.
 
 Sweeps are data, not code: a scenario's sweep axis, keys and values are its rows in
 ``strategies/scenarios.toml``, and any advise keyword can be swept.
@@ -81,6 +85,8 @@ class Candidate:
     label: str
     plans: Callable  # () -> tuple of Plans (several for a composition)
     fused: bool = True
+    tiles: dict = None  # the tile keywords its plans were given (None: the profile's defaults)
+    shape: tuple = None  # compare's --shape for the scenario (tune.search(measure=True) runs it)
 
 
 def _single(result) -> tuple:
@@ -100,6 +106,7 @@ class OpSpec:
     outputs: Callable = _single  # result -> tuple of arrays to score
     tolerance: Tolerance = Tolerance()
     oracles: dict = dataclasses.field(default_factory=dict)  # public name -> float64 oracle
+    tiles: Callable = None  # (profile, **scenario) -> iterable of Candidate with .tiles; None: no search
 
     def __post_init__(self):
         from ..strategy import register_op
@@ -131,6 +138,31 @@ class OpSpec:
 def normal(shape, dtype, rng, scale=1.0, loc=0.0) -> np.ndarray:
     """Gaussian values rounded to float32, then to the storage dtype."""
     return (rng.standard_normal(shape) * scale + loc).astype(np.float32).astype(dtypes.STORAGE[dtype])
+
+
+def grid(**axes):
+    """Every combination of the axes' values as keyword dicts, e.g. ``grid(tile=(1024, 2048))``;
+    None values are left out of the dicts (the plan's default)."""
+    import itertools
+
+    names = list(axes)
+    for values in itertools.product(*(axes[n] for n in names)):
+        yield {n: v for n, v in zip(names, values) if v is not None}
+
+
+def pow2(lo: int, hi: int) -> tuple:
+    """Powers of two from ``lo`` to ``hi`` inclusive."""
+    out, v = [], 1
+    while v <= hi:
+        if v >= lo:
+            out.append(v)
+        v *= 2
+    return tuple(out)
+
+
+def elems(lo: int, hi: int) -> tuple:
+    """Element tile sizes from ``lo`` to ``hi``: powers of two and 1.5x powers of two."""
+    return tuple(sorted(set(v for p in pow2(lo, hi) for v in (p, p * 3 // 2) if lo <= v <= hi)))
 
 
 def need(shape, n, help_text) -> tuple:
