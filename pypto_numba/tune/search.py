@@ -100,7 +100,7 @@ class Search:
             if d is not None and d.seconds > 0:
                 vs = f", {t.seconds / d.seconds:.2f}x its default"
             lines.append(f"{i:3d}. {t.label}: {t.microseconds:.1f} us ({t.bound}-bound{vs}), "
-                         f"{t.cost.kernels} kernel(s), GM {t.cost.gm_bytes} B; pipes us: {pipes or '-'}")
+                         f"{t.cost.kernels} kernel(s), GM {t.cost.gm_bytes} B; per-task pipe busy us: {pipes or '-'}")
             if t.measured:
                 m = t.measured
                 lines.append("     CPU: " + (m["error"] if "error" in m else
@@ -216,7 +216,7 @@ def search(op: str, top: int = 10, profile=None, measure=False, progress=None, *
     measure : True (or a count) runs the first ``MEASURE_TOP`` (or that many) results on the CPU
         with compare() at the scenario's compare shape: precision verdict and CPU time.
     progress : True draws a progress bar on stderr, a stream draws it there, False never;
-        None (default) draws it on a terminal when more than 100 tile shapes are planned.
+        None (default) draws it on stderr when more than 100 tile shapes are planned.
     scenario : the op's advise keywords (``OP.advise`` in its module).
     """
     from ..machine.profile import load_profile
@@ -225,9 +225,11 @@ def search(op: str, top: int = 10, profile=None, measure=False, progress=None, *
         raise PyptoNumbaError(f"tune {op}: top must be a positive int, got {top!r}")
     rule, full, defaults, _seed, _notes, tiled = candidates(op, profile, **scenario)
     prof = load_profile(profile)
+    shapes = {c.label: c.shape for c in tiled if c.shape is not None}
+    defaults = [c if c.shape is not None else dataclasses.replace(c, shape=shapes.get(c.label)) for c in defaults]
     pool = [(c, True) for c in defaults] + [(c, False) for c in tiled]
     stream = sys.stderr if progress is True or progress is None else progress
-    draw = bool(progress) if progress is not None else (len(pool) > 100 and getattr(stream, "isatty", lambda: False)())
+    draw = bool(progress) if progress is not None else len(pool) > 100
     bar = _Bar(len(pool), stream, op) if draw else None
     seen, refused = {}, {}
     default_of = {}
