@@ -216,7 +216,7 @@ def search(op: str, top: int = 10, profile=None, measure=False, progress=None, *
     measure : True (or a count) runs the first ``MEASURE_TOP`` (or that many) results on the CPU
         with compare() at the scenario's compare shape: precision verdict and CPU time.
     progress : True draws a progress bar on stderr, a stream draws it there, False never;
-        None (default) draws it on stderr when more than 100 tile shapes are planned.
+        None (default) draws it on a terminal when more than 100 tile shapes are planned.
     scenario : the op's advise keywords (``OP.advise`` in its module).
     """
     from ..machine.profile import load_profile
@@ -229,7 +229,7 @@ def search(op: str, top: int = 10, profile=None, measure=False, progress=None, *
     defaults = [c if c.shape is not None else dataclasses.replace(c, shape=shapes.get(c.label)) for c in defaults]
     pool = [(c, True) for c in defaults] + [(c, False) for c in tiled]
     stream = sys.stderr if progress is True or progress is None else progress
-    draw = bool(progress) if progress is not None else len(pool) > 100
+    draw = bool(progress) if progress is not None else (len(pool) > 100 and getattr(stream, "isatty", lambda: False)())
     bar = _Bar(len(pool), stream, op) if draw else None
     seen, refused = {}, {}
     default_of = {}
