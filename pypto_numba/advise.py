@@ -152,8 +152,17 @@ def advise(op: str, profile=None, tiles: str = "best", **scenario) -> Advice:
     """Advice for ``op`` in ``scenario`` (the keywords of the op's rule, ``OP.advise`` in its module).
 
     ``tiles="best"`` (default) prices each strategy at its best legal tiles (``tune.search`` over
-    the op's ``OP.tiles`` space, the profile's defaults included); ``"default"`` at the profile's
-    default tiles only."""
+    the op's ``OP.tiles`` space, the profile's defaults included; a strategy its default tiles
+    refuse stays refused, and the notes name the tiles at which it fits); ``"default"`` at the
+    profile's default tiles only. ``Advice.tiles`` says which tiles each ranked strategy used."""
+    cands, seed, notes = candidates(op, profile, tiles, **scenario)
+    return _decide(op, scenario, profile, cands, seed, notes)
+
+
+def candidates(op: str, profile=None, tiles: str = "best", **scenario) -> tuple:
+    """(candidates, seed choice, notes) that ``advise`` ranks: the op's rule's candidates, each at
+    its best legal tiles (``tiles="best"``) or at the profile's defaults (``"default"``). Pages
+    that price a scenario's strategies price these, so that their numbers are advise's own."""
     rule = op_spec(op, "advise")
     if tiles not in TILES:
         raise PyptoNumbaError(f"advise {op}: tiles must be one of {TILES}, got {tiles!r}")
@@ -169,7 +178,7 @@ def advise(op: str, profile=None, tiles: str = "best", **scenario) -> Advice:
         notes.append(f"{op} declares no tile search space (OP.tiles): the profile's default tiles")
     else:
         notes.append("tiles='default': each strategy at the profile's default tiles (no tile search)")
-    return _decide(op, scenario, profile, cands, seed, notes)
+    return cands, seed, notes
 
 
 def _best_tiles(op, profile, scenario, cands):
@@ -183,14 +192,17 @@ def _best_tiles(op, profile, scenario, cands):
     out, moved = [], []
     for cand in cands:
         best = found.best.get(cand.label)
-        if best is None:
+        default = found.defaults.get(cand.label)
+        if best is None or default is None:
+            # refused at its default tiles: it stays refused (the strategy's own call with no tile
+            # keyword raises), and the note names the tiles at which it would fit
             out.append(cand)
+            if best is not None:
+                moved.append(f"{cand.label} is refused at its default tiles but fits at {_kw(best.tiles)}: "
+                             f"{best.microseconds:.1f} us (not ranked: pass those tiles to use it)")
             continue
         out.append(dataclasses.replace(cand, plans=lambda best=best: best.plans, tiles=dict(best.tiles)))
-        default = found.defaults.get(cand.label)
-        if default is None:
-            moved.append(f"{cand.label} {best.microseconds:.1f} us at {_kw(best.tiles)} (its default tiles are refused)")
-        elif best.seconds < default.seconds:
+        if best.seconds < default.seconds:
             moved.append(f"{cand.label} {best.microseconds:.1f} us at {_kw(best.tiles)} "
                          f"({best.seconds / default.seconds:.2f}x of {default.microseconds:.1f} us at the defaults)")
     note = (f"tiles='best': each strategy at its best legal tiles (tune.search planned {found.evaluated} tile "

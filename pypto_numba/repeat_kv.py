@@ -159,17 +159,16 @@ def _repeat_kv(
 
 
 def _repeat_kv_tiles(profile, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, strategy):
-    """tune.search's space: the attention strategy's kv tiles (32 to 512) x query tiles (16 to 256,
-    prefill only), for either GQA."""
+    """tune.search's space: lab.spec.attention_grid's kv x query tiles, for either GQA."""
     from .attention import plan_flash, plan_online
     from .lab import Candidate
-    from .lab.spec import grid, pow2
+    from .lab.spec import attention_grid
 
     q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
     plan = {"online": plan_online, "flash": plan_flash}.get(strategy)
     if plan is None:
         return
-    for t in grid(kv_tile=pow2(32, 512), q_tile=(None,) if q_len == 1 else pow2(16, 256)):
+    for t in attention_grid(q_len, kv_len):
         for gqa in ("expand_clone", "head_loop"):
             yield Candidate(gqa, lambda gqa=gqa, t=t: (plan(q, k, None, dtype, profile=profile, gqa=gqa, **t),),
                             fused=gqa == "head_loop", tiles=t)

@@ -190,14 +190,13 @@ def _attention(
 
 def _attention_tiles(profile, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, gqa, window,
                      softcap, sinks, block_size):
-    """tune.search's space: kv tiles of 32 to 512 x query tiles of 16 to 256 (prefill only) for
-    online and flash; standard has no tile keyword (its default plans only)."""
+    """tune.search's space: lab.spec.attention_grid's kv x query tiles for online and flash;
+    standard has no tile keyword (its default plans only)."""
     from ..lab import Candidate
-    from ..lab.spec import grid, pow2
+    from ..lab.spec import attention_grid
 
     q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
     kw = dict(profile=profile, causal=causal, gqa=gqa, window=window, softcap=softcap, has_sinks=sinks)
-    q_tiles = (None,) if q_len == 1 else pow2(16, 256)
     shape = (batch, q_heads, kv_heads, q_len, kv_len, head_dim)
     if block_size is not None:
         pages = -(-kv_len // block_size)
@@ -207,7 +206,7 @@ def _attention_tiles(profile, batch, q_heads, kv_heads, q_len, kv_len, head_dim,
     else:
         plans = {"online": plan_online, "flash": plan_flash}
         plan = lambda s, t: (plans[s](q, k, None, dtype, **kw, **t),)  # noqa: E731
-    for t in grid(kv_tile=pow2(32, 512), q_tile=q_tiles):
+    for t in attention_grid(q_len, kv_len):
         for s in ("online", "flash"):
             yield Candidate(s, lambda s=s, t=t: plan(s, t), fused=s == "flash", tiles=t, shape=shape)
 

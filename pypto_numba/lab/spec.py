@@ -160,6 +160,21 @@ def pow2(lo: int, hi: int) -> tuple:
     return tuple(out)
 
 
+MAX_TILE_PAIRS = 2 ** 17
+"""Attention search spaces leave out (query tile, KV tile) grids of more than this many pairs per
+head: planning walks every pair in Python (the default 64 x 128 flash tiles of a 32K prefill are
+exactly this many)."""
+
+
+def attention_grid(q_len: int, kv_len: int):
+    """kv_tile x q_tile dicts for an attention search: KV tiles of 32 to 512 (x query tiles of 16
+    to 256 at prefill), within MAX_TILE_PAIRS."""
+    if q_len == 1:
+        return [{"kv_tile": kv} for kv in pow2(32, 512)]
+    return [{"kv_tile": kv, "q_tile": q} for kv in pow2(32, 512) for q in pow2(16, 256)
+            if -(-q_len // q) * -(-kv_len // kv) <= MAX_TILE_PAIRS]
+
+
 def elems(lo: int, hi: int) -> tuple:
     """Element tile sizes from ``lo`` to ``hi``: powers of two and 1.5x powers of two."""
     return tuple(sorted(set(v for p in pow2(lo, hi) for v in (p, p * 3 // 2) if lo <= v <= hi)))

@@ -105,14 +105,15 @@ def test_best_tiles_by_default_and_the_defaults_on_request():
     assert d["tanh"] == pytest.approx(pn.gelu.plan_tanh((2048, 9216), "bf16").estimate().seconds)
 
 
-def test_best_tiles_can_make_a_refused_strategy_fit():
+def test_a_strategy_refused_at_its_default_tiles_stays_refused_and_the_fitting_tiles_are_named():
     # softmax.whole_row of [32768, 2048] bf16 masked rows: 8 rows per task need 196608 B of UB
-    # (> the 188416 B Vec limit); 4 rows need half of it, so the best-tile advice keeps whole_row
+    # (> the 188416 B Vec limit); 4 rows need half of it. softmax.whole_row(x) with no row_tile
+    # raises, so advise keeps it refused and names the tiles at which it fits
     shape = (32768, 2048)
     default = advise("softmax", shape=shape, masked=True, tiles="default")
     assert "whole_row" in default.rejected and "196608 B of UB" in default.rejected["whole_row"]
     best = advise("softmax", shape=shape, masked=True)
-    assert "whole_row" not in best.rejected
-    rows = best.tiles["whole_row"]["row_tile"]
+    assert "whole_row" in best.rejected and best.chosen == "online"
+    note = next(r for r in best.reasons if "refused at its default tiles but fits at" in r)
+    rows = int(note.split("whole_row is refused at its default tiles but fits at row_tile=")[1].split(":")[0])
     assert rows < 8 and pn.softmax.plan_whole_row(shape, "bf16", has_mask=True, row_tile=rows).cost.ub_peak_bytes <= 188416
-    assert any("its default tiles are refused" in r for r in best.reasons)
