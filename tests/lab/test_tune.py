@@ -369,3 +369,54 @@ def test_hypothesis_linear_estimates_positive_and_growing(m, k, n, axis, dtype):
     sc = dict(tokens=m, in_features=k, out_features=n, dtype=dtype)
     big = dict(sc, **{axis: sc[axis] * 2})
     _grows(_search_or_none("linear", **sc), _search_or_none("linear", **big))
+
+
+# --- strategies/calibration.md (issue 19 item 8) ------------------------------------------------
+
+def _results(names):
+    from pypto_numba.report.pricing import PlanResult, advise_or_none
+
+    scs = [sc for sc in SCENARIOS if sc.name in names]
+    return [PlanResult(sc, advise_or_none(sc.op, sc.advise, "ascend910b"), {}, []) for sc in scs]
+
+
+def test_calibration_page_figures_checks_and_contradictions():
+    from pypto_numba.report import calibration
+
+    text = calibration._page(_results({"repeat_kv-qwen3-decode-4k", "linear-4096-decode"}), "ascend910b")
+    plan = linear.plan_fused_bias((6144, 6144), (6144, 6144), "fp16", bias=False)
+    est = plan.estimate()
+    assert est.bound == "cube" and 2.1e-3 / 1.3 <= est.seconds <= 2.1e-3 * 1.3
+    row = next(line for line in text.splitlines() if line.startswith("| 6144^3 fp16 matmul, 128-256 tiles"))
+    assert f"{est.seconds * 1e6:,.1f} us" in row and f"{est.seconds / 2.1e-3:.2f}" in row and row.endswith("| cube |")
+    assert "within 1.3x of 2.1 ms and cube-bound: PASS" in text
+    best = tune.search("linear", top=1, tokens=6144, in_features=6144, out_features=6144, dtype="fp16", bias=False)[0]
+    tuned = next(line for line in text.splitlines() if line.startswith("| 6144^3 fp16 matmul, tuned"))
+    assert f"{best.seconds * 1e6:,.1f} us" in tuned and f"{best.seconds / 1.6e-3:.2f}" in tuned
+    for a in calibration.ASSUMPTIONS:
+        assert f"| {a.name} |" in text and f"`{a.name}`" in text
+    # repeat_kv decode contradicts the seed (expand_clone); linear decode agrees and is not listed
+    assert "| repeat_kv-qwen3-decode-4k | `head_loop`" in text and "| linear-4096-decode |" not in text
+    assert "- **repeat_kv-qwen3-decode-4k**" in text and "Decided by the chip's shared GM" in text
+    assert "QuantIndexerProlog" in text and "no such op in the lab" in text
+
+
+def test_calibration_assumption_variants_change_one_field():
+    from pypto_numba.machine.profile import load_profile
+    from pypto_numba.report import calibration
+
+    base = load_profile("ascend910b")
+    by = {a.name: a for a in calibration.ASSUMPTIONS}
+    v = calibration.variant(base, by["hbm_bytes_per_s"], 1.2e12)
+    assert v.pipes.hbm_bytes_per_s == 1.2e12 and v.pipes.l2_bytes_per_s == base.pipes.l2_bytes_per_s
+    off = calibration.variant(base, by["contention cap"], "off")
+    assert math.isinf(off.pipes.hbm_bytes_per_s) and math.isinf(off.pipes.l2_bytes_per_s)
+    slow = calibration.variant(base, by["clock_hz"], 1.8e9)
+    assert slow.clock_hz == 1.8e9 and slow.pipes == base.pipes
+    # a memory-bound kernel moves with the HBM rate, never below the faster HBM's time
+    p = linear.plan_fused_bias((16, 4096), (4096, 4096), "bf16")
+    assert p.estimate(v).seconds >= p.estimate(base).seconds >= p.estimate(
+        calibration.variant(base, by["hbm_bytes_per_s"], 1.6e12)).seconds
+    # the fitted GM->L1 peak (28.61 GiB/s) makes the 6144^3 matmul memory-bound, as docs/model.md says
+    mm = linear.plan_fused_bias((6144, 6144), (6144, 6144), "fp16", bias=False)
+    assert mm.estimate(calibration.variant(base, by["gm_to_l1_peak_gibs"], 28.61)).bound == "memory"
