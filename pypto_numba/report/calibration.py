@@ -287,11 +287,33 @@ def contradictions(results, prof) -> list:
             f"+{_us(extra)} for `{a.seed}` ({s_t.cost.kernels} kernel(s), GM {fmt_bytes(s_t.cost.gm_bytes)}, "
             f"{s_t.cost.tasks} tasks against {c_t.cost.kernels}, {fmt_bytes(c_t.cost.gm_bytes)}, "
             f"{c_t.cost.tasks}). Chip-level spend, seed vs advise: {spends}.")
+        notes += _cube_caveats(r.scenario.name, (s_t, c_t))
     if not rows:
         return lines + ["advise agrees with the seed on every scenario.", ""]
     lines += table(("scenario", "advise (best tiles)", "the seed's pick", "deciding resource",
                     "contradicts at the default tiles too"), rows)
     return lines + [""] + notes + [""]
+
+
+def _cube_caveats(name, tuned) -> list:
+    """A kernel whose pipe-model cube work (tasks x 2 M N K of its inferred task) is under its
+    planned cube FLOPs: its CUBE time is short by that ratio (machine/pipes.py infers the task).
+    More modelled work than planned is the 16-row fractal's padding (decode rows), not a caveat."""
+    out = []
+    for t in tuned:
+        for p in t.plans:
+            for k in p.kernels:
+                w = k.work
+                if not k.cube_flops or not w.cube:
+                    continue
+                M, N, K, _ = w.cube
+                modelled = 2 * M * N * K * w.tasks
+                if modelled < 0.9 * k.cube_flops:
+                    out.append(f"  - caveat: `{p.where}` kernel `{k.name}` plans {k.cube_flops:.3g} cube FLOPs, but the "
+                               f"pipe model's task ({M} x {N} x {K}, {w.tasks} tasks) does {modelled:.3g}: its CUBE "
+                               f"time is {modelled / k.cube_flops:.2f}x of the planned work (machine/pipes.py infers "
+                               f"one (M, N, K) per task from the L1 buffers; the plan could set `cube_task`).")
+    return out
 
 
 def _kw(d) -> str:

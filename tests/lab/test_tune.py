@@ -420,3 +420,17 @@ def test_calibration_assumption_variants_change_one_field():
     # the fitted GM->L1 peak (28.61 GiB/s) makes the 6144^3 matmul memory-bound, as docs/model.md says
     mm = linear.plan_fused_bias((6144, 6144), (6144, 6144), "fp16", bias=False)
     assert mm.estimate(calibration.variant(base, by["gm_to_l1_peak_gibs"], 28.61)).bound == "memory"
+
+
+def test_calibration_flags_a_kernel_whose_modelled_cube_work_is_short():
+    from pypto_numba.report import calibration
+
+    s = tune.search("swiglu", top=1, tokens=2048, intermediate=6144, hidden=2048)
+    epi = s.best["epilogue"]
+    k = epi.plans[0].kernels[0]
+    assert k.cube_flops == 2 * 2 * 2048 * 6144 * 2048  # gate and up: two [2048, 2048] @ [2048, 6144]
+    got = calibration._cube_caveats("swiglu", (epi,))
+    assert len(got) == 1 and "swiglu.epilogue" in got[0] and "0.50x" in got[0]
+    # a plain linear kernel's modelled task is its planned work: no caveat
+    lin = tune.search("linear", top=1, tokens=2048, in_features=2048, out_features=6144)
+    assert calibration._cube_caveats("linear", (lin[0],)) == []
