@@ -19,7 +19,9 @@ A spec declares:
 - ``tiles`` (optional): the tile search space of a scenario, ``(profile, **keywords) ->
   iterable of Candidate`` with ``Candidate.tiles`` set to the plan's tile keywords (one per
   strategy and legal-looking tile shape; the plans refuse the rest). It gets every advise
-  keyword, defaults filled in. :func:`pypto_numba.tune.search` ranks them, advise takes the best.
+  keyword, defaults filled in. :func:`pypto_numba.tune.search` ranks them, advise takes the best;
+- ``figures`` (optional): published device timings of the op (:class:`DeviceFigure`) that
+  ``strategies/calibration.md`` sets the estimate against.
 
 Sweeps are data, not code: a scenario's sweep axis, keys and values are its rows in
 ``strategies/scenarios.toml``, and any advise keyword can be swept.
@@ -89,6 +91,23 @@ class Candidate:
     shape: tuple = None  # compare's --shape for the scenario (tune.search(measure=True) runs it)
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceFigure:
+    """A published device timing of one scenario, for the calibration page (npu-facts 8.5, 7)."""
+
+    label: str
+    scenario: dict      # the op's advise keywords
+    strategy: str       # the strategy whose plans run it
+    seconds: float      # the published time
+    source: str         # e.g. "npu-facts 8.5, 7"
+    tiles: str = "default"  # "default": the profile's default tiles; "best": tune.search's best
+    flops: int = 0      # the work, for a throughput row (0: none)
+    throughput: str = ""  # the published throughput, e.g. "220 TFLOPS"
+    bound: str = ""     # the bound its source states ("" : none stated); the page checks it
+    within: float = 0.0  # the estimate must be within this factor of ``seconds`` (0: no check)
+    note: str = ""      # what the device run did that the model does or does not express
+
+
 def _single(result) -> tuple:
     return (result,)
 
@@ -107,6 +126,7 @@ class OpSpec:
     tolerance: Tolerance = Tolerance()
     oracles: dict = dataclasses.field(default_factory=dict)  # public name -> float64 oracle
     tiles: Callable = None  # (profile, **scenario) -> iterable of Candidate with .tiles; None: no search
+    figures: tuple = ()  # DeviceFigure records (published device timings)
 
     def __post_init__(self):
         from ..strategy import register_op

@@ -14,11 +14,6 @@ import math
 from .markdown import HEADER, fmt_bytes, table
 
 PAGE = "calibration.md"
-MATMUL = dict(tokens=6144, in_features=6144, out_features=6144, dtype="fp16", bias=False)
-FLOPS = 2 * 6144 ** 3
-PUBLISHED_DEFAULT_S = 2.1e-3  # npu-facts 8.5 / 7: ~2.1 ms (~220 TFLOPS) with 128-256 tiles
-PUBLISHED_TUNED_S = 1.6e-3    # ~1.6 ms (~290 TFLOPS) after L2-hit-rate tuning
-WITHIN = 1.3                  # issue 19: the default-tile estimate must be within 1.3x of 2.1 ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,86 +62,79 @@ def _us(seconds) -> str:
     return f"{us:,.1f} us" if us < 10000 else f"{us:,.0f} us"
 
 
-def _tflops(seconds) -> str:
-    return f"{FLOPS / seconds / 1e12:.0f} TFLOPS"
+def _published(seconds) -> str:
+    return f"{seconds * 1e3:g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:g} us"
 
 
-def _tiles(t) -> str:
-    ct = t.tiles.get("cube_tiles") if t.tiles else None
-    if ct is None:
-        return "the profile's defaults"
-    (m0, m1), (k0, k1), (n0, n1) = ct
-    return f"L1 mL1 x nL1 x kL1 = {m1} x {n1} x {k1} (L0 {m0} x {n0} x {k0})"
+def _figures():
+    """(spec, DeviceFigure) of every op that declares published device timings (OP.figures)."""
+    from ..strategy import specs
+
+    return [(spec, f) for spec in specs() for f in spec.figures]
 
 
-def _matmul(prof):
-    """(default-tile Tuned, best Tuned, Search) of the 6144^3 fp16 matmul on ``prof``."""
+def _priced(spec, f, prof):
+    """(Tuned, Search) of a figure's strategy at its tiles on ``prof``."""
     from ..tune import search
 
-    s = search("linear", top=1, profile=prof, progress=False, **MATMUL)
-    return s.defaults["fused_bias"], s.best["fused_bias"], s
+    s = search(spec.name, top=1, profile=prof, progress=False, **f.scenario)
+    return (s.best if f.tiles == "best" else s.defaults)[f.strategy], s
 
 
-def _kernel_row(t) -> dict:
-    return t.plans[0].estimate().kernels[0]
+def _call(spec, f) -> str:
+    return f"{spec.name}.{f.strategy} at " + ", ".join(f"{k}={v!r}" for k, v in f.scenario.items())
+
+
+def _slowest(t) -> dict:
+    return max((k for p in t.plans for k in p.estimate().kernels), key=lambda k: k["seconds"])
 
 
 def figures(prof) -> list:
-    d, b, s = _matmul(prof)
-    plan = d.plans[0]
-    roof = plan.estimate(model="roofline")
-    sim = plan.estimate(model="sim")
-    k = _kernel_row(d)
-    ok = d.bound == "cube" and PUBLISHED_DEFAULT_S / WITHIN <= d.seconds <= PUBLISHED_DEFAULT_S * WITHIN
-    lines = [
-        "## Device figures (npu-facts 8.5 and 7)",
-        "",
-        f"The 6144^3 FP16 matmul is `linear.fused_bias` with `bias=False` (a plain matmul: one cube kernel) on "
-        f"`{prof.name}`, priced by the default model (`pipes`). The 2.1 ms run used 128-256 tiles: the profile's "
-        f"default `linear_cube_tiles` are L1 {plan.params['m1']} x {plan.params['n1']} x {plan.params['k1']} "
-        f"(L0 {plan.params['m0']} x {plan.params['n0']} x {plan.params['k0']}). The tuned run is "
-        f"`tune.search('linear', ...)`'s best over {s.evaluated} tile shapes ({sum(s.refused.values())} refused).",
-        "",
-    ]
-    rows = [
-        ("6144^3 fp16 matmul, 128-256 tiles", "npu-facts 8.5, 7", "2.1 ms", _us(d.seconds),
-         f"{d.seconds / PUBLISHED_DEFAULT_S:.2f}", d.bound),
-        ("  the same as throughput", "npu-facts 7", "220 TFLOPS", _tflops(d.seconds),
-         f"{PUBLISHED_DEFAULT_S / d.seconds:.2f}", d.bound),
-        ("6144^3 fp16 matmul, tuned (L2 hit rate)", "npu-facts 8.5, 7", "1.6 ms", _us(b.seconds),
-         f"{b.seconds / PUBLISHED_TUNED_S:.2f}", b.bound),
-        ("  the same as throughput", "npu-facts 7", "290 TFLOPS", _tflops(b.seconds),
-         f"{PUBLISHED_TUNED_S / b.seconds:.2f}", b.bound),
-        ("  the tuning's gain (default / tuned)", "npu-facts 7", f"{PUBLISHED_DEFAULT_S / PUBLISHED_TUNED_S:.2f}x",
-         f"{d.seconds / b.seconds:.2f}x", f"{(d.seconds / b.seconds) / (PUBLISHED_DEFAULT_S / PUBLISHED_TUNED_S):.2f}",
-         ""),
-    ]
+    lines = ["## Device figures (npu-facts 8.5 and 7)", "",
+             f"Each published figure an op declares (`OP.figures`) is priced from its strategy's plans on `{prof.name}` "
+             "with the default model: at the profile's default tiles, or (a tuned run) at `tune.search`'s best.", ""]
+    rows, notes, priced = [], [], {}
+    for spec, f in _figures():
+        t, s = _priced(spec, f, prof)
+        priced[(spec.name, repr(f.scenario), f.strategy, f.tiles)] = t
+        rows.append((f.label, f.source, _published(f.seconds), _us(t.seconds), f"{t.seconds / f.seconds:.2f}", t.bound))
+        if f.flops:
+            rows.append(("  the same as throughput", f.source, f.throughput, f"{f.flops / t.seconds / 1e12:.0f} TFLOPS",
+                         f"{f.seconds / t.seconds:.2f}", t.bound))
+        k = _slowest(t)
+        where = (f"`{_call(spec, f)}`, " + (f"tiles {_kw(t.tiles)}" if f.tiles == "best" else "the default tiles")
+                 + f" (tune.search planned {s.evaluated} tile shapes, {sum(s.refused.values())} refused)")
+        checks = []
+        if f.within:
+            ok = f.seconds / f.within <= t.seconds <= f.seconds * f.within
+            checks.append(f"within {f.within}x of {_published(f.seconds)}: {'PASS' if ok else 'FAIL'}")
+        if f.bound:
+            checks.append(f"{f.bound}-bound as the source says: {'PASS' if t.bound == f.bound else 'FAIL (' + t.bound + ')'}")
+        roof, sim = (sum(p.estimate(model=m).seconds for p in t.plans) for m in ("roofline", "sim"))
+        notes.append(
+            f"- **{f.label}**: {where}. " + (f"**Check**: {'; '.join(checks)}. " if checks else "")
+            + f"Its slowest kernel: {k['tasks']} tasks in {k['waves']} wave(s) over {k['cores']} cores, {k['tiles']} tile "
+            f"steps each" + (f", L0 tile {k['l0_tile']} (tune.l0_tile)" if k["l0_tile"] else "")
+            + "; busy per task: " + ", ".join(f"{p} {v * 1e6:.1f} us" for p, v in k["pipes"].items() if v > 0)
+            + f"; the chip's shared GM {_us(k['gm_chip'])} against the cores' {_us(k['waves'] * k['task_seconds'])}"
+            + (f" ({fmt_bytes(k['l2_read_bytes'])} of re-reads from L2: the {fmt_bytes(k['gm_unique_bytes'])} of distinct "
+               f"bytes fit the {fmt_bytes(prof.pipes.l2_bytes)} L2)" if k["l2_fits"] and k["l2_read_bytes"] else "")
+            + f". The other estimators: roofline {_us(roof)} ({roof / f.seconds:.2f}x), sim {_us(sim)} "
+            f"({sim / f.seconds:.2f}x)." + (f" {f.note[0].upper()}{f.note[1:]}." if f.note else ""))
+    groups = {}
+    for spec, f in _figures():
+        groups.setdefault((spec.name, repr(f.scenario), f.strategy), {})[f.tiles] = f
+    for key, pair in groups.items():
+        if "default" in pair and "best" in pair:
+            d, b = priced[key + ("default",)], priced[key + ("best",)]
+            pub = pair["default"].seconds / pair["best"].seconds
+            rows.append(("  the tuning's gain (default / tuned)", pair["best"].source, f"{pub:.2f}x",
+                         f"{d.seconds / b.seconds:.2f}x", f"{d.seconds / b.seconds / pub:.2f}", ""))
+            notes.append(f"- The tuned run gained {pub:.2f}x on the device, tune.search's tiles {d.seconds / b.seconds:.2f}x "
+                         f"in the model ({pair['best'].label}: {b.seconds / pair['best'].seconds:.2f}x of the published "
+                         f"{_published(pair['best'].seconds)}).")
     lines += table(("figure", "source", "published", "our estimate", "ratio (est / published)", "bound"), rows)
-    lines += [
-        "",
-        f"- **Check** (issue 19): the default-tile estimate is {'within' if ok else 'NOT within'} {WITHIN}x of 2.1 ms "
-        f"and {'cube-bound' if d.bound == 'cube' else d.bound + '-bound, not cube-bound'}: "
-        f"{'PASS' if ok else 'FAIL'}.",
-        f"- Per task ({k['tasks']} tasks in {k['waves']} wave(s) over {k['cores']} cube cores, {k['tiles']} tile "
-        f"steps each, L0 tile {k['l0_tile']} from `tune.l0_tile`), busy time per pipe: "
-        + ", ".join(f"{p} {v * 1e6:.1f} us" for p, v in d.pipes.items() if v > 0)
-        + f". The shared GM takes {_us(k['gm_chip'])} for the chip "
-        f"({fmt_bytes(plan.cost.gm_read_bytes)} read, of which {fmt_bytes(k['l2_read_bytes'])} re-read from L2: the "
-        f"{fmt_bytes(k['gm_unique_bytes'])} of distinct operands fit the {fmt_bytes(prof.pipes.l2_bytes)} L2), "
-        f"below the cores' {_us(k['waves'] * k['task_seconds'])}: the CUBE pipe decides.",
-        f"- The tuned figure: the best tiles are {_tiles(b)}, {_us(b.seconds)} "
-        f"({b.seconds / PUBLISHED_TUNED_S:.2f}x of 1.6 ms; {d.seconds / b.seconds:.2f}x faster than the defaults "
-        f"against the device's {PUBLISHED_DEFAULT_S / PUBLISHED_TUNED_S:.2f}x). The device's gain came from the L2 "
-        f"hit rate; in the model every re-read already hits the L2 (the operands fit it), so the only gain left is "
-        f"the tiles' fewer, larger tasks (less MTE2 and AICPU time per FLOP). The model has no L2 hit-rate knob: "
-        f"it cannot reproduce the untuned run's misses, which is why the default tiles come out "
-        f"{d.seconds / PUBLISHED_DEFAULT_S:.2f}x of 2.1 ms rather than 1.0x.",
-        f"- The other two estimators on the default tiles: `roofline` {_us(roof.seconds)} ({roof.bound}-bound, "
-        f"{roof.seconds / PUBLISHED_DEFAULT_S:.2f}x), `sim` {_us(sim.seconds)} ({sim.bound}-bound, "
-        f"{sim.seconds / PUBLISHED_DEFAULT_S:.2f}x).",
-        "",
-    ]
-    lines += _not_expressible(prof)
+    lines += [""] + notes + [""] + _not_expressible(prof)
     return lines
 
 
@@ -173,18 +161,24 @@ def _not_expressible(prof) -> list:
 
 
 def sensitivity(prof, results) -> list:
-    """How the matmul figures and advise's choices move with each named assumption."""
+    """How the figures' estimates and advise's choices move with each named assumption."""
     from ..advise import advise
 
-    base_d, base_b, _ = _matmul(prof)
+    figs = _figures()
     base_choice = {r.scenario.name: r.advice.chosen for r in results if r.advice}
     scenarios = [r.scenario for r in results if r.advice]
-    rows = [("(the profile)", "", _us(base_d.seconds), base_d.bound, f"{base_d.seconds / PUBLISHED_DEFAULT_S:.2f}",
-             _us(base_b.seconds), f"{base_b.seconds / PUBLISHED_TUNED_S:.2f}", "--")]
+
+    def cells(p):
+        out = []
+        for spec, f in figs:
+            t, _ = _priced(spec, f, p)
+            out.append(f"{_us(t.seconds)} ({t.bound}, {t.seconds / f.seconds:.2f}x)")
+        return tuple(out)
+
+    rows = [("(the profile)", "") + cells(prof) + ("--",)]
     for a in ASSUMPTIONS:
         for value, label in a.values:
             v = variant(prof, a, value)
-            d, b, _ = _matmul(v)
             moved = []
             for sc in scenarios:
                 try:
@@ -193,20 +187,17 @@ def sensitivity(prof, results) -> list:
                     chosen = type(exc).__name__
                 if chosen != base_choice[sc.name]:
                     moved.append(f"{sc.name}: {base_choice[sc.name]} -> {chosen}")
-            rows.append((a.name, label, _us(d.seconds), d.bound, f"{d.seconds / PUBLISHED_DEFAULT_S:.2f}",
-                         _us(b.seconds), f"{b.seconds / PUBLISHED_TUNED_S:.2f}",
-                         "<br>".join(moved) or f"none of {len(scenarios)}"))
+            rows.append((a.name, label) + cells(v) + ("<br>".join(moved) or f"none of {len(scenarios)}",))
     lines = [
         "## How the answers move with each named assumption",
         "",
         "Each row changes one assumption of the pipe model (docs/model.md, \"Named assumptions\") and re-plans: "
-        "the 6144^3 matmul at the default and at the re-searched best tiles, and `advise()` (best tiles) on every "
-        "scenario of scenarios.toml. \"contention cap off\" removes the chip's shared HBM / L2 limit, leaving each "
-        "core its PTO-ISA per-transfer fit.",
+        "every device figure above (estimate, bound, ratio to the published time; a tuned figure re-searched) and "
+        "`advise()` (best tiles) on every scenario of scenarios.toml. \"contention cap off\" removes the chip's shared "
+        "HBM / L2 limit, leaving each core its PTO-ISA per-transfer fit.",
         "",
     ]
-    lines += table(("assumption", "value", "matmul, default tiles", "bound", "/ 2.1 ms", "matmul, best tiles",
-                    "/ 1.6 ms", "advise's choice changes"), rows)
+    lines += table(("assumption", "value") + tuple(f.label for _, f in figs) + ("advise's choice changes",), rows)
     lines += [""] + [f"- `{a.name}`: {a.why}." for a in ASSUMPTIONS] + [""]
     return lines
 
