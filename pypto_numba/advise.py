@@ -4,8 +4,10 @@ The seed's four principles, applied in order:
 
 1. constraints first: a strategy whose plan does not fit the profile's buffers (TileError) or
    breaks a PyPTO rule (ConstraintError) is rejected, with the plan's message;
-2. kernel count and GM traffic: the survivors are ranked by the roofline NPU-time estimate of
-   their plans (launches + max(GM bytes / bandwidth, FLOPs / throughput), see machine/cost.py);
+2. kernel count and GM traffic: the survivors are ranked by the NPU-time estimate of their
+   plans (the per-pipe model, machine/pipes.py), each strategy at its best legal tiles
+   (``tiles="best"``, the default: :func:`pypto_numba.tune.search`) or at the profile's default
+   tiles (``tiles="default"``, the answers before the tile search);
 3. decode vs prefill: the scenario's shapes (q_len, kv_len, tokens) drive the plans, so the
    decision changes with them where the numbers say so;
 4. a fused kernel over a composition: when two candidates are within ``TIE`` of each other, the
@@ -42,6 +44,7 @@ class Advice:
     ranking: list  # (label, estimated seconds, bound, kernels, GM bytes, workspace)
     seed: str
     agrees_with_seed: bool
+    tiles: dict = dataclasses.field(default_factory=dict)  # label -> tile keywords used ({}: defaults)
 
     def __str__(self):
         lines = [f"advise {self.op} {self.scenario} on {self.profile}: use {self.chosen}"]
@@ -120,8 +123,9 @@ def _decide(
     if not agrees:
         reasons.append(f"the seed recommends {seed} here; the plans' numbers above favour {cand.label}")
     ranking = [(c.label, s, b, co.kernels, co.gm_bytes, co.workspace_bytes) for c, co, s, b in ranked]
+    used = {c.label: dict(c.tiles or {}) for c, _, _, _ in ranked}
     return Advice(op=op, scenario=dict(scenario), profile=prof.name, chosen=cand.label, reasons=reasons,
-                  rejected=rejected, ranking=ranking, seed=seed, agrees_with_seed=agrees)
+                  rejected=rejected, ranking=ranking, seed=seed, agrees_with_seed=agrees, tiles=used)
 
 
 def price(cand) -> str:
@@ -141,11 +145,71 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def advise(op: str, profile=None, **scenario) -> Advice:
-    """Advice for ``op`` in ``scenario`` (the keywords of the op's rule, ``OP.advise`` in its module)."""
+TILES = ("best", "default")
+
+
+def advise(op: str, profile=None, tiles: str = "best", **scenario) -> Advice:
+    """Advice for ``op`` in ``scenario`` (the keywords of the op's rule, ``OP.advise`` in its module).
+
+    ``tiles="best"`` (default) prices each strategy at its best legal tiles (``tune.search`` over
+    the op's ``OP.tiles`` space, the profile's defaults included; a strategy its default tiles
+    refuse stays refused, and the notes name the tiles at which it fits); ``"default"`` at the
+    profile's default tiles only. ``Advice.tiles`` says which tiles each ranked strategy used."""
+    cands, seed, notes = candidates(op, profile, tiles, **scenario)
+    return _decide(op, scenario, profile, cands, seed, notes)
+
+
+def candidates(op: str, profile=None, tiles: str = "best", **scenario) -> tuple:
+    """(candidates, seed choice, notes) that ``advise`` ranks: the op's rule's candidates, each at
+    its best legal tiles (``tiles="best"``) or at the profile's defaults (``"default"``). Pages
+    that price a scenario's strategies price these, so that their numbers are advise's own."""
     rule = op_spec(op, "advise")
+    if tiles not in TILES:
+        raise PyptoNumbaError(f"advise {op}: tiles must be one of {TILES}, got {tiles!r}")
     try:
         cands, seed, notes = rule.advise(profile, **scenario)
     except TypeError as exc:
         raise PyptoNumbaError(f"advise {op}: {exc}; scenario keywords are {', '.join(rule.scenario_keywords)}") from None
-    return _decide(op, scenario, profile, cands, seed, notes)
+    notes = list(notes)
+    if tiles == "best" and rule.tiles is not None:
+        cands, note = _best_tiles(op, profile, scenario, cands)
+        notes.append(note)
+    elif rule.tiles is None:
+        notes.append(f"{op} declares no tile search space (OP.tiles): the profile's default tiles")
+    else:
+        notes.append("tiles='default': each strategy at the profile's default tiles (no tile search)")
+    return cands, seed, notes
+
+
+def _best_tiles(op, profile, scenario, cands):
+    """The candidates at their best legal tiles (tune.search) and the note that says so."""
+    from .tune.search import search
+
+    try:
+        found = search(op, top=1, profile=profile, progress=False, **scenario)
+    except (TileError, ConstraintError):
+        return cands, "no tile shape fits any strategy: the default tiles' refusals follow"
+    out, moved = [], []
+    for cand in cands:
+        best = found.best.get(cand.label)
+        default = found.defaults.get(cand.label)
+        if best is None or default is None:
+            # refused at its default tiles: it stays refused (the strategy's own call with no tile
+            # keyword raises), and the note names the tiles at which it would fit
+            out.append(cand)
+            if best is not None:
+                moved.append(f"{cand.label} is refused at its default tiles but fits at {_kw(best.tiles)}: "
+                             f"{best.microseconds:.1f} us (not ranked: pass those tiles to use it)")
+            continue
+        out.append(dataclasses.replace(cand, plans=lambda best=best: best.plans, tiles=dict(best.tiles)))
+        if best.seconds < default.seconds:
+            moved.append(f"{cand.label} {best.microseconds:.1f} us at {_kw(best.tiles)} "
+                         f"({best.seconds / default.seconds:.2f}x of {default.microseconds:.1f} us at the defaults)")
+    note = (f"tiles='best': each strategy at its best legal tiles (tune.search planned {found.evaluated} tile "
+            f"shapes); " + ("; ".join(moved) if moved else "the profile's default tiles are already the best")
+            + "; advise(..., tiles='default') prices the defaults")
+    return out, note
+
+
+def _kw(d: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in d.items()) or "the default tiles"

@@ -1,4 +1,4 @@
-"""The ``pypto-numba`` command line: ``profiles``, ``compare``, ``advise``, ``plan``, ``report``.
+"""The ``pypto-numba`` command line: ``profiles``, ``compare``, ``advise``, ``plan``, ``tune``, ``report``.
 
 ``pypto-numba compare`` with no op runs every op's default scenario and prints one table per op:
 the main job, followed by the hints of each strategy's plans. ``pypto-numba compare gelu --shape
@@ -173,6 +173,19 @@ def _plan(args, extra) -> int:
     return 0
 
 
+def _tune(args, extra) -> int:
+    from .tune import search
+
+    scenario = _scenario(extra, "tune")
+    result = search(args.op, top=args.top, profile=args.profile, measure=args.measure,
+                    progress=None if args.format == "text" else False, **scenario)
+    if args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+        return 0
+    print(result, "", result.details(args.details), sep="\n")
+    return 0
+
+
 def _report(args) -> int:
     from .report import generate
 
@@ -276,6 +289,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=_plan, takes_extra=True)
+
+    p = sub.add_parser(
+        "tune", help="rank every legal tile shape of an op's strategies by estimated NPU time",
+        description="Scenario keywords as for advise, e.g. tune linear --tokens 6144 --in-features 6144 "
+                    "--out-features 6144 --dtype fp16 --bias False; tune gelu --shape 2048,9216. Prints the top N "
+                    "(bound, per-task pipe busy times), then the memory report and hints of the first --details.")
+    p.add_argument("op")
+    p.add_argument("--profile", default=None)
+    p.add_argument("--top", type=int, default=10, help="results to show (default 10)")
+    p.add_argument("--measure", action="store_true",
+                   help="run the first three on the CPU (compare): precision verdict and CPU time")
+    p.add_argument("--details", type=int, default=1, help="memory reports and hints of this many results")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=_tune, takes_extra=True)
 
     p = sub.add_parser(
         "report", help="regenerate the strategy pages (strategies/*.md, charts) or check them",

@@ -385,6 +385,17 @@ def _gelu(profile, shape=(8, 11008), dtype="bf16", exact=False):
     return cands, None, notes
 
 
+def _gelu_tiles(profile, shape, dtype, exact):
+    """tune.search's space: element tiles of 512 to 32768 (the plan refuses what overflows UB)."""
+    from .lab import Candidate
+    from .lab.spec import elems
+
+    for tile in elems(512, 32768):
+        for label, plan in (("tanh", plan_tanh), ("erf", plan_erf)):
+            yield Candidate(label, lambda plan=plan, tile=tile: (plan(shape, dtype, profile=profile, tile=tile),),
+                            tiles={"tile": tile}, shape=tuple(shape))
+
+
 def _lab_spec():
     from .lab import Inputs, OpSpec, Seed, normal
 
@@ -398,6 +409,7 @@ def _lab_spec():
         reference=lambda x, strategy, **o: _reference_erf(x) if strategy == "erf" else _reference_tanh(x),
         advise=_gelu,  # named as advise's old rule: its TypeError names it
         oracles={"gelu_tanh": _reference_tanh, "gelu_erf": _reference_erf},
+        tiles=_gelu_tiles,
     )
 
 

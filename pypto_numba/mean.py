@@ -455,6 +455,20 @@ def _mean(profile, shape=(8, 4096), dim=-1, dtype="bf16"):
     return [Candidate("sum_div", lambda: (plan_sum_div(shape, dtype, dim=dim, profile=profile),))], None, ()
 
 
+def _mean_tiles(profile, shape, dim, dtype):
+    """tune.search's space: reduction tiles of 2048 to 16384 fp32 elements x 1 to 32 rows per task
+    (dim last), or inner tiles of 256 to 4096 (dim not last)."""
+    from .lab import Candidate
+    from .lab.spec import grid, pow2
+
+    last = dim in (-1, len(shape) - 1)
+    axes = (dict(row_tile=pow2(2048, 16384), rows_per_task=pow2(1, 32)) if last else
+            dict(row_tile=pow2(2048, 16384), inner_tile=pow2(256, 4096)))
+    for kw in grid(**axes):
+        yield Candidate("sum_div", lambda kw=kw: (plan_sum_div(shape, dtype, dim=dim, profile=profile, **kw),),
+                        tiles=kw, shape=tuple(shape))
+
+
 def _lab_spec():
     from .lab import Inputs, OpSpec, Seed, normal
 
@@ -467,6 +481,7 @@ def _lab_spec():
         reference=lambda x, strategy, dim=-1, keepdim=False, **o: _reference_mean(x, dim, keepdim),
         advise=_mean,  # named as advise's old rule: its TypeError names it
         oracles={"mean": _reference_mean},
+        tiles=_mean_tiles,
     )
 
 

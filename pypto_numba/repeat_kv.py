@@ -158,6 +158,22 @@ def _repeat_kv(
     return cands, seed, (f"GQA for attention.{strategy}: G = {q_heads // max(kv_heads, 1)} query heads per KV head",)
 
 
+def _repeat_kv_tiles(profile, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, strategy):
+    """tune.search's space: lab.spec.attention_grid's kv x query tiles, for either GQA."""
+    from .attention import plan_flash, plan_online
+    from .lab import Candidate
+    from .lab.spec import attention_grid
+
+    q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
+    plan = {"online": plan_online, "flash": plan_flash}.get(strategy)
+    if plan is None:
+        return
+    for t in attention_grid(q_len, kv_len):
+        for gqa in ("expand_clone", "head_loop"):
+            yield Candidate(gqa, lambda gqa=gqa, t=t: (plan(q, k, None, dtype, profile=profile, gqa=gqa, **t),),
+                            fused=gqa == "head_loop", tiles=t)
+
+
 def _lab_spec():
     from .lab import Inputs, OpSpec, Seed
 
@@ -171,6 +187,7 @@ def _lab_spec():
         reference=lambda kv, n_rep, strategy, **o: _reference_repeat_kv(kv, n_rep),
         advise=_repeat_kv,  # named as advise's old rule: its TypeError names it
         oracles={"repeat_kv": _reference_repeat_kv},
+        tiles=_repeat_kv_tiles,
     )
 
 

@@ -478,6 +478,19 @@ def _variants():
     ]
 
 
+def _rmsnorm_tiles(profile, shape, dtype, residual):
+    """tune.search's space: 1 to 64 rows per task."""
+    from .lab import Candidate
+    from .lab.spec import pow2
+
+    for t in pow2(1, 64):
+        yield Candidate("plain", lambda t=t: (plan_plain(shape, dtype, profile=profile, token_tile=t),),
+                        tiles={"token_tile": t}, shape=tuple(shape))
+        yield Candidate("fused_add", lambda t=t: (plan_fused_add(shape, dtype, residual_dtype="fp32", profile=profile,
+                                                                 token_tile=t),),
+                        tiles={"token_tile": t}, shape=tuple(shape))
+
+
 def _lab_spec():
     from .lab import Inputs, OpSpec, Seed
 
@@ -491,6 +504,7 @@ def _lab_spec():
         variants=_variants,
         advise=_advise,
         oracles={"rmsnorm_plain": reference, "rmsnorm_fused_add": reference},
+        tiles=_rmsnorm_tiles,
     )
 
 

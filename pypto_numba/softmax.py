@@ -538,6 +538,19 @@ def _softmax(profile, shape=(32, 4096), dtype="bf16", masked=False):
     return [whole, online_], seed, ()
 
 
+def _softmax_tiles(profile, shape, dtype, masked):
+    """tune.search's space: 1 to 32 rows per task; online's column tiles of 1024 to 16384."""
+    from .lab import Candidate
+    from .lab.spec import grid, pow2
+
+    for kw in grid(row_tile=pow2(1, 32)):
+        yield Candidate("whole_row", lambda kw=kw: (plan_whole_row(shape, dtype, has_mask=masked, profile=profile,
+                                                                   **kw),), tiles=kw, shape=tuple(shape))
+    for kw in grid(row_tile=pow2(1, 32), col_tile=pow2(1024, 16384)):
+        yield Candidate("online", lambda kw=kw: (plan_online(shape, dtype, has_mask=masked, profile=profile, **kw),),
+                        tiles=kw, shape=tuple(shape))
+
+
 def _lab_spec():
     from .lab import Inputs, OpSpec, Seed, normal
 
@@ -552,6 +565,7 @@ def _lab_spec():
         reference=lambda x, strategy, mask=None, scale=None, **o: _reference_softmax(x, mask, scale),
         advise=_softmax,  # named as advise's old rule: its TypeError names it
         oracles={"softmax": _reference_softmax},
+        tiles=_softmax_tiles,
     )
 
 

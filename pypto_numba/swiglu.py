@@ -504,6 +504,32 @@ def _variants():
     return [Variant("separate", separate, ref), Variant("fused", fused, ref, True)]
 
 
+def _swiglu_tiles(profile, tokens, intermediate, dtype, limit, hidden):
+    """tune.search's space: vector tiles of 512 to 32768 elements (the projections, with hidden=,
+    keep linear's default tiles); epilogue's cube L1 tiles as linear's search."""
+    from .lab import Candidate
+    from .lab.spec import elems, pow2
+    from .linear import plan_fused_bias
+
+    shape = (tokens, intermediate)
+    xs, ws = (tokens, hidden), (intermediate, hidden)
+    proj = lambda: () if hidden is None else 2 * (plan_fused_bias(xs, ws, dtype, bias=False, profile=profile),)  # noqa: E731
+    for tile in elems(512, 32768):
+        for label, plan in (("separate", plan_separate), ("fused", plan_fused)):
+            yield Candidate(label, lambda plan=plan, tile=tile: proj() + (plan(shape, dtype, limit=limit,
+                                                                               profile=profile, tile=tile),),
+                            fused=label == "fused" and hidden is None, tiles={"tile": tile}, shape=shape)
+    if hidden is None:
+        return
+    for m1 in pow2(16, 256):
+        for n1 in pow2(32, 256):
+            for k1 in pow2(64, 256):
+                t = ((min(m1, 128), m1), (min(k1, 128 if m1 <= 32 else 64), k1), (min(n1, 128), n1))
+                yield Candidate("epilogue", lambda t=t: (plan_epilogue(xs, ws, dtype, limit=limit, profile=profile,
+                                                                       cube_tiles=t),),
+                                tiles={"cube_tiles": t})
+
+
 def _lab_spec():
     from .lab import Inputs, OpSpec, Seed
 
@@ -516,6 +542,7 @@ def _lab_spec():
         variants=_variants,
         advise=_advise,
         oracles={"swiglu": reference},
+        tiles=_swiglu_tiles,
     )
 
 

@@ -188,6 +188,29 @@ def _attention(
     return cands, ("online" if phase == "decode" else "flash"), notes
 
 
+def _attention_tiles(profile, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, gqa, window,
+                     softcap, sinks, block_size):
+    """tune.search's space: lab.spec.attention_grid's kv x query tiles for online and flash;
+    standard has no tile keyword (its default plans only)."""
+    from ..lab import Candidate
+    from ..lab.spec import attention_grid
+
+    q, k = (batch, q_heads, q_len, head_dim), (batch, kv_heads, kv_len, head_dim)
+    kw = dict(profile=profile, causal=causal, gqa=gqa, window=window, softcap=softcap, has_sinks=sinks)
+    shape = (batch, q_heads, kv_heads, q_len, kv_len, head_dim)
+    if block_size is not None:
+        pages = -(-kv_len // block_size)
+        shapes = (q, (batch * pages, block_size, kv_heads, head_dim), (batch, pages))
+        plan = lambda s, t: (plan_paged(s, *shapes, None, dtype, kv_len=[kv_len] * batch, **kw, **t),)  # noqa: E731
+        shape = None  # compare takes a dense cache
+    else:
+        plans = {"online": plan_online, "flash": plan_flash}
+        plan = lambda s, t: (plans[s](q, k, None, dtype, **kw, **t),)  # noqa: E731
+    for t in attention_grid(q_len, kv_len):
+        for s in ("online", "flash"):
+            yield Candidate(s, lambda s=s, t=t: plan(s, t), fused=s == "flash", tiles=t, shape=shape)
+
+
 def _lab_spec():
     from ..lab import Inputs, OpSpec, Seed, Tolerance
 
@@ -203,6 +226,7 @@ def _lab_spec():
         tolerance=Tolerance(half=(5e-3, 5e-3)),  # npu-facts 2.1
         advise=_attention,  # named as advise's old rule: its TypeError names it
         oracles={"attention": _reference_attention},
+        tiles=_attention_tiles,
     )
 
 

@@ -38,6 +38,20 @@ def _embedding(
     return cands, None, ()
 
 
+def _embedding_tiles(profile, vocab, hidden, ids_shape, dtype, ids_dtype):
+    """tune.search's space: 1 to 64 ids per task x the whole row or a half or quarter of it."""
+    from ..lab import Candidate
+    from ..lab.spec import grid, pow2
+
+    w = (vocab, hidden)
+    h_tiles = (None,) + tuple(hidden // d for d in (2, 4) if hidden % d == 0)
+    for kw in grid(row_tile=pow2(1, 64), h_tile=h_tiles):
+        for label, plan in (("gather", plan_gather), ("index_select", plan_index_select)):
+            yield Candidate(label, lambda plan=plan, kw=kw: (plan(w, ids_shape, dtype, ids_dtype, profile=profile,
+                                                                  **kw),),
+                            tiles=kw, shape=(vocab, hidden) + tuple(ids_shape))
+
+
 def _lab_spec():
     from ..lab import Inputs, OpSpec, Seed
 
@@ -50,6 +64,7 @@ def _lab_spec():
         reference=lambda w, ids, strategy, **o: _reference_embedding(w, ids),
         advise=_embedding,  # named as advise's old rule: its TypeError names it
         oracles={"embedding": _reference_embedding},
+        tiles=_embedding_tiles,
     )
 
 

@@ -15,7 +15,13 @@ A spec declares:
   not simply the registered strategies; ``outputs``: which arrays of a result are scored;
 - ``tolerance``: the precision policy and (rtol, atol) per dtype;
 - ``advise``: the scenario rule, ``(profile, **keywords) -> (candidates, seed choice, notes)``;
-  its keyword defaults are the scenario's defaults and the keywords scenarios.toml may use.
+  its keyword defaults are the scenario's defaults and the keywords scenarios.toml may use;
+- ``tiles`` (optional): the tile search space of a scenario, ``(profile, **keywords) ->
+  iterable of Candidate`` with ``Candidate.tiles`` set to the plan's tile keywords (one per
+  strategy and legal-looking tile shape; the plans refuse the rest). It gets every advise
+  keyword, defaults filled in. :func:`pypto_numba.tune.search` ranks them, advise takes the best;
+- ``figures`` (optional): published device timings of the op (:class:`DeviceFigure`) that
+  ``strategies/calibration.md`` sets the estimate against.
 
 Sweeps are data, not code: a scenario's sweep axis, keys and values are its rows in
 ``strategies/scenarios.toml``, and any advise keyword can be swept.
@@ -81,6 +87,25 @@ class Candidate:
     label: str
     plans: Callable  # () -> tuple of Plans (several for a composition)
     fused: bool = True
+    tiles: dict = None  # the tile keywords its plans were given (None: the profile's defaults)
+    shape: tuple = None  # compare's --shape for the scenario (tune.search(measure=True) runs it)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceFigure:
+    """A published device timing of one scenario, for the calibration page (npu-facts 8.5, 7)."""
+
+    label: str
+    scenario: dict      # the op's advise keywords
+    strategy: str       # the strategy whose plans run it
+    seconds: float      # the published time
+    source: str         # e.g. "npu-facts 8.5, 7"
+    tiles: str = "default"  # "default": the profile's default tiles; "best": tune.search's best
+    flops: int = 0      # the work, for a throughput row (0: none)
+    throughput: str = ""  # the published throughput, e.g. "220 TFLOPS"
+    bound: str = ""     # the bound its source states ("" : none stated); the page checks it
+    within: float = 0.0  # the estimate must be within this factor of ``seconds`` (0: no check)
+    note: str = ""      # what the device run did that the model does or does not express
 
 
 def _single(result) -> tuple:
@@ -100,6 +125,8 @@ class OpSpec:
     outputs: Callable = _single  # result -> tuple of arrays to score
     tolerance: Tolerance = Tolerance()
     oracles: dict = dataclasses.field(default_factory=dict)  # public name -> float64 oracle
+    tiles: Callable = None  # (profile, **scenario) -> iterable of Candidate with .tiles; None: no search
+    figures: tuple = ()  # DeviceFigure records (published device timings)
 
     def __post_init__(self):
         from ..strategy import register_op
@@ -131,6 +158,46 @@ class OpSpec:
 def normal(shape, dtype, rng, scale=1.0, loc=0.0) -> np.ndarray:
     """Gaussian values rounded to float32, then to the storage dtype."""
     return (rng.standard_normal(shape) * scale + loc).astype(np.float32).astype(dtypes.STORAGE[dtype])
+
+
+def grid(**axes):
+    """Every combination of the axes' values as keyword dicts, e.g. ``grid(tile=(1024, 2048))``;
+    None values are left out of the dicts (the plan's default)."""
+    import itertools
+
+    names = list(axes)
+    for values in itertools.product(*(axes[n] for n in names)):
+        yield {n: v for n, v in zip(names, values) if v is not None}
+
+
+def pow2(lo: int, hi: int) -> tuple:
+    """Powers of two from ``lo`` to ``hi`` inclusive."""
+    out, v = [], 1
+    while v <= hi:
+        if v >= lo:
+            out.append(v)
+        v *= 2
+    return tuple(out)
+
+
+MAX_TILE_PAIRS = 2 ** 17
+"""Attention search spaces leave out (query tile, KV tile) grids of more than this many pairs per
+head: planning walks every pair in Python (the default 64 x 128 flash tiles of a 32K prefill are
+exactly this many)."""
+
+
+def attention_grid(q_len: int, kv_len: int):
+    """kv_tile x q_tile dicts for an attention search: KV tiles of 32 to 512 (x query tiles of 16
+    to 256 at prefill), within MAX_TILE_PAIRS."""
+    if q_len == 1:
+        return [{"kv_tile": kv} for kv in pow2(32, 512)]
+    return [{"kv_tile": kv, "q_tile": q} for kv in pow2(32, 512) for q in pow2(16, 256)
+            if -(-q_len // q) * -(-kv_len // kv) <= MAX_TILE_PAIRS]
+
+
+def elems(lo: int, hi: int) -> tuple:
+    """Element tile sizes from ``lo`` to ``hi``: powers of two and 1.5x powers of two."""
+    return tuple(sorted(set(v for p in pow2(lo, hi) for v in (p, p * 3 // 2) if lo <= v <= hi)))
 
 
 def need(shape, n, help_text) -> tuple:

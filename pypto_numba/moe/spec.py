@@ -137,6 +137,20 @@ def _moe(
     return [sig], "sigmoid_gating", (note,)
 
 
+def _moe_tiles(profile, tokens, experts, top_k, n_group, topk_group, dtype, router):
+    """tune.search's space: 8 to 256 tokens per task."""
+    from ..lab import Candidate
+    from ..lab.spec import pow2
+
+    shape = (tokens, experts)
+    for t in pow2(8, 256):
+        yield Candidate("sigmoid_gating", lambda t=t: (plan_sigmoid_gating(
+            shape, dtype, top_k=top_k, n_group=n_group, topk_group=topk_group, bias_dtype="fp32", profile=profile,
+            token_tile=t),), tiles={"token_tile": t}, shape=shape)
+        yield Candidate("softmax_gating", lambda t=t: (plan_softmax_gating(
+            shape, dtype, top_k=top_k, profile=profile, token_tile=t),), tiles={"token_tile": t}, shape=shape)
+
+
 def _lab_spec():
     from ..lab import Inputs, OpSpec, Seed, Tolerance
 
@@ -151,6 +165,7 @@ def _lab_spec():
         outputs=lambda result: result,
         tolerance=Tolerance(fp32=(5e-3, 5e-3), half=(5e-3, 5e-3)),  # npu-facts 1.3
         advise=_moe,  # named as advise's old rule: its TypeError names it
+        tiles=_moe_tiles,
         oracles={
             "moe_sigmoid_gating": _reference_sigmoid_gating,
             "moe_softmax_gating": _reference_softmax_gating,

@@ -7,6 +7,7 @@ import sys
 import time
 
 from ..errors import PyptoNumbaError
+from .calibration import calibration_page
 from .charts import PLOT_HINT, precision_svg, sweep_svg, timeline_svg
 from .check import _check, old_measured
 from .markdown import CHARTS, PAGE, measured_lines, op_page, summary_measured, summary_page, timeline_result
@@ -111,6 +112,7 @@ def generate(
     pages = {PAGE: summary_page(results, profile, measured)}
     for op in ops:
         pages[f"{op}.md"] = op_page(op, [r for r in results if r.scenario.op == op], measured)
+    pages["calibration.md"] = calibration_page(results, profile)
     progress.step("pages")
 
     if check:

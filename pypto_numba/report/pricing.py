@@ -29,12 +29,11 @@ class Point:
 
 def price_all(op: str, scenario: dict, also=(), profile=None) -> dict:
     """Every candidate strategy of ``advise``'s scenario (plus the ``also`` overrides), priced."""
-    from ..advise import total
-    from ..strategy import spec
+    from ..advise import candidates, total
 
     out = {}
     for override in ({},) + tuple(also):
-        cands = spec(op).advise(profile, **{**scenario, **override})[0]
+        cands = candidates(op, profile, **{**scenario, **override})[0]
         via = ", ".join(f"{k}={v!r}" for k, v in override.items())
         for cand in cands:
             if cand.label in out:

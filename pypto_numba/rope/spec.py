@@ -116,6 +116,25 @@ def _rope(
     return cands, "fused_rmsnorm", ("RMSNorm directly precedes RoPE (adjacent_rmsnorm=True): the seed's case for fusion",)
 
 
+def _rope_tiles(profile, tokens, heads, head_dim, rot_dim, dtype, adjacent_rmsnorm, layout):
+    """tune.search's space: 1 to 64 tokens per task (a composition's kernels share the tile)."""
+    from ..lab import Candidate
+    from ..lab.spec import pow2
+
+    x, cs = (tokens, heads, head_dim), (tokens, rot_dim or head_dim)
+    plans = {
+        "interleaved": lambda t: (plan_interleaved(x, cs, dtype, profile=profile, token_tile=t),),
+        "standard": lambda t: (plan_standard(x, cs, dtype, profile=profile, token_tile=t),),
+        "rmsnorm+standard": lambda t: (plan_rmsnorm(x, dtype, profile=profile, token_tile=t),
+                                       plan_standard(x, cs, dtype, profile=profile, token_tile=t)),
+        "fused_rmsnorm": lambda t: (plan_fused_rmsnorm(x, cs, dtype, profile=profile, token_tile=t),),
+    }
+    for t in pow2(1, 64):
+        for label, plan in plans.items():
+            yield Candidate(label, lambda plan=plan, t=t: plan(t), fused=label != "rmsnorm+standard",
+                            tiles={"token_tile": t}, shape=x)
+
+
 def _lab_spec():
     from ..lab import Inputs, OpSpec, Seed, Tolerance
 
@@ -128,6 +147,7 @@ def _lab_spec():
         variants=_lab_variants,
         tolerance=Tolerance(half=(1e-2, 1e-2)),  # npu-facts 3
         advise=_rope,  # named as advise's old rule: its TypeError names it
+        tiles=_rope_tiles,
         oracles={
             "rmsnorm": _reference_rmsnorm,
             "rope_standard": _reference_standard,

@@ -85,3 +85,35 @@ def test_cli_advise_json():
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["chosen"] == "fused_bias" and data["scenario"] == {"tokens": 8}
+
+
+def test_best_tiles_by_default_and_the_defaults_on_request():
+    # gelu at the Gemma-2 FFN (2048 x 9216 bf16): the default 4096-element tile is AICPU-dispatch
+    # bound (4608 tasks); the search finds a larger tile, and advise says so in its notes
+    best = advise("gelu", shape=(2048, 9216), dtype="bf16")
+    default = advise("gelu", shape=(2048, 9216), dtype="bf16", tiles="default")
+    assert default.tiles == {"tanh": {}, "erf": {}}
+    assert best.tiles["tanh"] and best.tiles["tanh"]["tile"] != 4096
+    assert any("tiles='best'" in r and "tanh" in r for r in best.reasons)
+    assert any("tiles='default'" in r for r in default.reasons)
+    b, d = dict((r[0], r[1]) for r in best.ranking), dict((r[0], r[1]) for r in default.ranking)
+    for label in ("tanh", "erf"):
+        assert b[label] <= d[label]
+    # the best tile's price is its plan's own estimate (independent re-plan)
+    plan = pn.gelu.plan_tanh((2048, 9216), "bf16", **best.tiles["tanh"])
+    assert b["tanh"] == pytest.approx(plan.estimate().seconds)
+    assert d["tanh"] == pytest.approx(pn.gelu.plan_tanh((2048, 9216), "bf16").estimate().seconds)
+
+
+def test_a_strategy_refused_at_its_default_tiles_stays_refused_and_the_fitting_tiles_are_named():
+    # softmax.whole_row of [32768, 2048] bf16 masked rows: 8 rows per task need 196608 B of UB
+    # (> the 188416 B Vec limit); 4 rows need half of it. softmax.whole_row(x) with no row_tile
+    # raises, so advise keeps it refused and names the tiles at which it fits
+    shape = (32768, 2048)
+    default = advise("softmax", shape=shape, masked=True, tiles="default")
+    assert "whole_row" in default.rejected and "196608 B of UB" in default.rejected["whole_row"]
+    best = advise("softmax", shape=shape, masked=True)
+    assert "whole_row" in best.rejected and best.chosen == "online"
+    note = next(r for r in best.reasons if "refused at its default tiles but fits at" in r)
+    rows = int(note.split("whole_row is refused at its default tiles but fits at row_tile=")[1].split(":")[0])
+    assert rows < 8 and pn.softmax.plan_whole_row(shape, "bf16", has_mask=True, row_tile=rows).cost.ub_peak_bytes <= 188416

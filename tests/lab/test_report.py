@@ -180,7 +180,7 @@ def test_cli_check_in_a_subprocess(tmp_path):
     out.mkdir()
     (out / "scenarios.toml").write_text("\n[[scenario]]\n".join([blocks[0]] + keep), encoding="utf-8")
     assert report.generate(str(out), measure_runs=False, stream=io.StringIO(), charts=None if HAVE_MPL else False) == 0
-    assert sorted(p.name for p in out.glob("*.md")) == ["linear.md", "mean.md", "strategy-comparison.md"]
+    assert sorted(p.name for p in out.glob("*.md")) == ["calibration.md", "linear.md", "mean.md", "strategy-comparison.md"]
     cmd = [sys.executable, "-m", "pypto_numba", "report", "--check", "--out", str(out)]
     env = dict(os.environ, NUMBA_NUM_THREADS="2")
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

@@ -188,3 +188,250 @@ def test_malformed_cube_model_section(tmp_path, monkeypatch):
             load_profile("text")
     finally:
         P._load.cache_clear()
+
+
+# --- tune.search: the tile search (issue 19 item 5) ----------------------------------------------
+
+import json as _json
+import os as _os
+import subprocess as _subprocess
+import sys as _sys
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pypto_numba as pn
+from pypto_numba import gelu, linear, strategy
+from pypto_numba.errors import PyptoNumbaError, TileError
+from pypto_numba.machine.plan import LEVELS
+from pypto_numba.report.scenarios import load_scenarios
+
+SCENARIOS = load_scenarios(_os.path.join(_os.path.dirname(__file__), "..", "..", "strategies", "scenarios.toml"))
+
+
+def _fits(plan):
+    """Every kernel's buffers within the profile's limit, level by level (checked here, not by Plan)."""
+    return all(k.level_bytes(level) <= plan.profile.limit(level) for k in plan.kernels for level in LEVELS)
+
+
+def test_search_never_returns_a_tile_the_plan_refuses():
+    # gelu erf at 32768 elements: 2*2 + 5*4 = 24 B per element = 786432 B of UB > 188416 B
+    s = tune.search("gelu", top=1000, shape=(64, 9216), dtype="bf16")
+    assert s.refused["erf"] > 0 and s.refused["tanh"] > 0
+    with pytest.raises(TileError, match="188416"):
+        gelu.plan_erf((64, 9216), "bf16", tile=32768)
+    for t in s:
+        assert t.tiles.get("tile") != 32768 or t.strategy == "tanh"
+        plan = (gelu.plan_tanh if t.strategy == "tanh" else gelu.plan_erf)((64, 9216), "bf16", **t.tiles)
+        assert _fits(plan) and plan.estimate().seconds == pytest.approx(t.seconds)
+    # linear: re-plan every returned cube tile through the public plan function
+    s = tune.search("linear", top=1000, tokens=256, in_features=1024, out_features=2048)
+    assert sum(s.refused.values()) > 0
+    for t in s:
+        fn = linear.plan_fused_bias if t.strategy == "fused_bias" else linear.plan_matmul_add
+        plan = fn((256, 1024), (2048, 1024), "bf16", **t.tiles)
+        assert _fits(plan)
+        (m0, m1), (k0, k1), (n0, n1) = t.tiles.get("cube_tiles", plan.params and
+                                                   ((plan.params["m0"], plan.params["m1"]),
+                                                    (plan.params["k0"], plan.params["k1"]),
+                                                    (plan.params["n0"], plan.params["n1"])))
+        assert (m1 + n1) * k1 * 2 <= 524288 and m0 * n0 * 4 <= 131072  # L1 and L0C by hand
+
+
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[sc.name for sc in SCENARIOS])
+def test_best_is_no_worse_than_the_default_tiles_and_ranking_is_monotone(sc):
+    s = tune.search(sc.op, top=50, **sc.advise)
+    secs = [t.seconds for t in s]
+    assert secs == sorted(secs) and all(math.isfinite(x) and x > 0 for x in secs)
+    assert s[0].seconds == min(b.seconds for b in s.best.values())
+    for label, d in s.defaults.items():
+        assert s.best[label].seconds <= d.seconds
+        assert d.default
+    # the defaults are the advise rule's own plans (tiles='default' prices exactly those)
+    a = pn.advise(sc.op, tiles="default", **sc.advise)
+    for label, seconds, *_ in a.ranking:
+        assert s.defaults[label].seconds == pytest.approx(seconds)
+    b = pn.advise(sc.op, **sc.advise)
+    assert min(r[1] for r in b.ranking) <= min(r[1] for r in a.ranking) * (1 + 1e-12)
+    assert any("tiles='best'" in r for r in b.reasons)
+
+
+def test_matmul_6144_default_and_best():
+    # npu-facts 8.5: 6144^3 fp16, ~2.1 ms at 128-256 tiles, ~1.6 ms tuned; the model: cube-bound
+    s = tune.search("linear", top=3, tokens=6144, in_features=6144, out_features=6144, dtype="fp16", bias=False)
+    d = s.defaults["fused_bias"]
+    assert d.bound == "cube" and 2.1e-3 / 1.3 <= d.seconds <= 2.1e-3 * 1.3
+    assert s[0].seconds < d.seconds and s[0].bound == "cube"
+    assert s[0].tiles["cube_tiles"] != ((128, 256), (64, 256), (128, 256))
+
+
+def test_search_reports_pipes_memory_and_hints():
+    s = tune.search("attention", top=2, q_len=1, kv_len=4096)
+    t = s[0]
+    assert set(t.pipes) == {"MTE2", "MTE1", "CUBE", "VECTOR", "FIXPIPE", "MTE3"}
+    assert "usage" in t.memory_report() and "UB" in t.memory_report()
+    text = str(s)
+    assert "tile shapes planned" in text and t.label in text and "default tiles" in text
+    d = s.to_dict()
+    assert d["results"][0]["strategy"] == t.strategy and d["results"][0]["memory"]
+    assert "hints:" in s.details(1)
+
+
+def test_search_errors():
+    with pytest.raises(PyptoNumbaError, match="unknown op 'conv2d'"):
+        tune.search("conv2d")
+    with pytest.raises(PyptoNumbaError, match="scenario keywords are shape, dtype, exact"):
+        tune.search("gelu", shap=(8, 8))
+    with pytest.raises(PyptoNumbaError, match="top must be a positive int"):
+        tune.search("gelu", top=0)
+    with pytest.raises(PyptoNumbaError, match="tiles must be one of"):
+        pn.advise("gelu", tiles="fastest")
+
+
+def test_every_op_declares_a_search_space():
+    for spec in strategy.specs():
+        assert spec.tiles is not None, spec.name
+
+
+def test_progress_bar_draws_on_a_given_stream():
+    import io
+
+    out = io.StringIO()
+    tune.search("gelu", progress=out)
+    lines = out.getvalue().splitlines()
+    assert lines and lines[-1].startswith("tune [####") and "/" in lines[-1]
+    quiet = io.StringIO()
+    tune.search("gelu", progress=False)
+    assert quiet.getvalue() == ""
+
+
+def test_measure_runs_the_top_on_the_cpu():
+    s = tune.search("gelu", top=2, measure=True, shape=(4, 1000), dtype="fp32")
+    for t in s:
+        assert t.measured["verdict"] == "PASS" and t.measured["cpu_seconds"] > 0
+        assert t.measured["shape"] == (4, 1000)
+
+
+def test_cli_tune_json():
+    out = _subprocess.run([_sys.executable, "-m", "pypto_numba", "tune", "rmsnorm", "--shape", "64,2048", "--top", "2",
+                           "--format", "json"], capture_output=True, text=True, env=dict(_os.environ), timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = _json.loads(out.stdout)
+    assert len(data["results"]) == 2 and data["scenario"]["shape"] == [64, 2048]
+    bad = _subprocess.run([_sys.executable, "-m", "pypto_numba", "tune", "rmsnorm", "--shap", "1"],
+                          capture_output=True, text=True, env=dict(_os.environ), timeout=300)
+    assert bad.returncode == 2 and "scenario keywords are shape" in bad.stderr
+
+
+FIT_SLACK = 0.02
+"""PTO-ISA's fitted vector rows are per column count (npu-facts 8.6: TMUL fp32 has bias 26 at 64
+cols, ~43 at others), so a wider row can cost a few cycles less: a drop under 2 % is the fit's."""
+
+
+def _search_or_none(op, **scenario):
+    try:
+        return tune.search(op, top=1, **scenario)
+    except TileError:  # no tile of any strategy fits: not a legal shape
+        return None
+
+
+def _grows(small, big):
+    """big's best estimate >= small's when tune keeps its choice (strategy and tiles). The pipe
+    model charges every task the kernel's average bytes (machine/pipes.py), so one more, partly
+    filled task lowers the average: a drop down to small * tasks_small / tasks_big is that
+    averaging, not a new choice; below that, FIT_SLACK."""
+    if small is None or big is None:
+        return
+    a, b = small[0], big[0]
+    assert math.isfinite(a.seconds) and a.seconds > 0 and math.isfinite(b.seconds) and b.seconds > 0
+    if (a.strategy, a.tiles) != (b.strategy, b.tiles):
+        return
+    ta, tb = a.cost.tasks, b.cost.tasks
+    floor = a.seconds * min(1.0, ta / tb) if tb > ta else a.seconds
+    assert b.seconds >= floor * (1 - FIT_SLACK), (a.label, a.seconds, b.seconds, ta, tb)
+
+
+@settings(max_examples=12, deadline=None)
+@given(rows=st.integers(1, 300), cols=st.integers(1, 400).map(lambda c: 16 * c), grow=st.integers(1, 4),
+       axis=st.integers(0, 1), op=st.sampled_from(["gelu", "rmsnorm", "softmax"]),
+       dtype=st.sampled_from(["fp32", "bf16", "fp16"]))
+def test_hypothesis_vector_estimates_positive_and_growing(rows, cols, grow, axis, op, dtype):
+    shape = [rows, cols]
+    big = list(shape)
+    big[axis] *= 1 + grow
+    _grows(_search_or_none(op, shape=tuple(shape), dtype=dtype), _search_or_none(op, shape=tuple(big), dtype=dtype))
+
+
+@settings(max_examples=8, deadline=None)
+@given(m=st.integers(1, 600), k=st.integers(1, 160).map(lambda c: 16 * c), n=st.integers(1, 160).map(lambda c: 16 * c),
+       axis=st.sampled_from(["tokens", "in_features", "out_features"]), dtype=st.sampled_from(["fp32", "bf16", "fp16"]))
+def test_hypothesis_linear_estimates_positive_and_growing(m, k, n, axis, dtype):
+    sc = dict(tokens=m, in_features=k, out_features=n, dtype=dtype)
+    big = dict(sc, **{axis: sc[axis] * 2})
+    _grows(_search_or_none("linear", **sc), _search_or_none("linear", **big))
+
+
+# --- strategies/calibration.md (issue 19 item 8) ------------------------------------------------
+
+def _results(names):
+    from pypto_numba.report.pricing import PlanResult, advise_or_none
+
+    scs = [sc for sc in SCENARIOS if sc.name in names]
+    return [PlanResult(sc, advise_or_none(sc.op, sc.advise, "ascend910b"), {}, []) for sc in scs]
+
+
+def test_calibration_page_figures_checks_and_contradictions():
+    from pypto_numba.report import calibration
+
+    text = calibration._page(_results({"repeat_kv-qwen3-decode-4k", "linear-4096-decode"}), "ascend910b")
+    plan = linear.plan_fused_bias((6144, 6144), (6144, 6144), "fp16", bias=False)
+    est = plan.estimate()
+    assert est.bound == "cube" and 2.1e-3 / 1.3 <= est.seconds <= 2.1e-3 * 1.3
+    row = next(line for line in text.splitlines() if line.startswith("| 6144^3 fp16 matmul, 128-256 tiles"))
+    assert f"{est.seconds * 1e6:,.1f} us" in row and f"{est.seconds / 2.1e-3:.2f}" in row and row.endswith("| cube |")
+    assert "within 1.3x of 2.1 ms: PASS; cube-bound as the source says: PASS" in text
+    best = tune.search("linear", top=1, tokens=6144, in_features=6144, out_features=6144, dtype="fp16", bias=False)[0]
+    tuned = next(line for line in text.splitlines() if line.startswith("| 6144^3 fp16 matmul, tuned"))
+    assert f"{best.seconds * 1e6:,.1f} us" in tuned and f"{best.seconds / 1.6e-3:.2f}" in tuned
+    assert "| 6144^3 fp16 matmul, tuned (L2 hit rate) |" in text  # the figures come from linear's OP.figures
+    for a in calibration.ASSUMPTIONS:
+        assert f"| {a.name} |" in text and f"`{a.name}`" in text
+    # repeat_kv decode contradicts the seed (expand_clone); linear decode agrees and is not listed
+    assert "| repeat_kv-qwen3-decode-4k | `head_loop`" in text and "| linear-4096-decode |" not in text
+    assert "- **repeat_kv-qwen3-decode-4k**" in text and "Decided by the chip's shared GM" in text
+    assert "QuantIndexerProlog" in text and "no such op in the lab" in text
+
+
+def test_calibration_assumption_variants_change_one_field():
+    from pypto_numba.machine.profile import load_profile
+    from pypto_numba.report import calibration
+
+    base = load_profile("ascend910b")
+    by = {a.name: a for a in calibration.ASSUMPTIONS}
+    v = calibration.variant(base, by["hbm_bytes_per_s"], 1.2e12)
+    assert v.pipes.hbm_bytes_per_s == 1.2e12 and v.pipes.l2_bytes_per_s == base.pipes.l2_bytes_per_s
+    off = calibration.variant(base, by["contention cap"], "off")
+    assert math.isinf(off.pipes.hbm_bytes_per_s) and math.isinf(off.pipes.l2_bytes_per_s)
+    slow = calibration.variant(base, by["clock_hz"], 1.8e9)
+    assert slow.clock_hz == 1.8e9 and slow.pipes == base.pipes
+    # a memory-bound kernel moves with the HBM rate, never below the faster HBM's time
+    p = linear.plan_fused_bias((16, 4096), (4096, 4096), "bf16")
+    assert p.estimate(v).seconds >= p.estimate(base).seconds >= p.estimate(
+        calibration.variant(base, by["hbm_bytes_per_s"], 1.6e12)).seconds
+    # the fitted GM->L1 peak (28.61 GiB/s) makes the 6144^3 matmul memory-bound, as docs/model.md says
+    mm = linear.plan_fused_bias((6144, 6144), (6144, 6144), "fp16", bias=False)
+    assert mm.estimate(calibration.variant(base, by["gm_to_l1_peak_gibs"], 28.61)).bound == "memory"
+
+
+def test_calibration_flags_a_kernel_whose_modelled_cube_work_is_short():
+    from pypto_numba.report import calibration
+
+    s = tune.search("swiglu", top=1, tokens=2048, intermediate=6144, hidden=2048)
+    epi = s.best["epilogue"]
+    k = epi.plans[0].kernels[0]
+    assert k.cube_flops == 2 * 2 * 2048 * 6144 * 2048  # gate and up: two [2048, 2048] @ [2048, 6144]
+    got = calibration._cube_caveats("swiglu", (epi,))
+    assert len(got) == 1 and "swiglu.epilogue" in got[0] and "0.50x" in got[0]
+    # a plain linear kernel's modelled task is its planned work: no caveat
+    lin = tune.search("linear", top=1, tokens=2048, in_features=2048, out_features=6144)
+    assert calibration._cube_caveats("linear", (lin[0],)) == []

@@ -1,4 +1,4 @@
-"""Tile tuning: the cube's L0 tile model (``l0_tile``), fitted on device by PyPTO.
+"""The cube's L0 tile model (``tune.l0_tile``), fitted on device by PyPTO.
 
 ``l0_tile(M, N, K)`` picks the L0 tile ``(m, n, k)`` of one ``[M, K] @ [K, N]`` cube task (its
 operands already in L1) the way PyPTO's ``ChooseL0Tile`` does (npu-facts 8.2; the pass doc
@@ -60,10 +60,10 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
-from .errors import ConstraintError, ShapeError
-from .inputs import positive_int, storage_dtype
-from .machine import dtypes
-from .machine.profile import load_profile
+from ..errors import ConstraintError, ShapeError
+from ..inputs import positive_int, storage_dtype
+from ..machine import dtypes
+from ..machine.profile import load_profile
 
 STATIONARITIES = ("output", "A", "B")
 DBCS = (1, 2)
