@@ -378,7 +378,8 @@ def _plan_gate_up(x_shape, w_shape, dtype, limit, profile, cube_tiles) -> Plan:
     tm, tn = -(-m // m1), -(-n // n1)
     kp = KernelPlan(name="gate_up_swiglu", unit="mixed", tasks=walk.tasks, buffers=tuple(buffers),
                     gm_read_bytes=m * k * b * tn + 2 * n * k * b * tm, gm_write_bytes=m * n * b,
-                    cube_flops=2 * walk.cube_flops, vector_ops=m * n * ops)
+                    gm_unique_bytes=m * k * b + 2 * n * k * b, cube_flops=2 * walk.cube_flops, vector_ops=m * n * ops,
+                    cube_task=(min(m, m1), 2 * min(n, n1), k))  # gate and up: two [rows, nL1] products per task
     return Plan(op="swiglu", strategy="epilogue", dtype=dtype, profile=prof, kernels=(kp,),
                 params=dict(walk.params, limit=limit, ops_per_elem=ops), hint=hint)
 
