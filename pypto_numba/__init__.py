@@ -11,7 +11,7 @@ FLOPs). Typical use::
     print(t.records[-1].cost, t.records[-1].cost.estimate("ascend910b"))
 """
 
-from .errors import ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
+from .errors import ConfigError, ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
 from .machine.cost import Cost, Estimate
 from .machine.plan import Plan
 from .machine.profile import HardwareProfile, active_profile, load_profile, profiles, use_profile
@@ -29,6 +29,7 @@ from . import layers  # noqa: E402  (model layers composed of the ops' calls)
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConfigError",
     "ConstraintError",
     "Cost",
     "DTypeError",

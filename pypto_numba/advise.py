@@ -154,7 +154,14 @@ def advise(op: str, profile=None, tiles: str = "best", **scenario) -> Advice:
     ``tiles="best"`` (default) prices each strategy at its best legal tiles (``tune.search`` over
     the op's ``OP.tiles`` space, the profile's defaults included; a strategy its default tiles
     refuse stays refused, and the notes name the tiles at which it fits); ``"default"`` at the
-    profile's default tiles only. ``Advice.tiles`` says which tiles each ranked strategy used."""
+    profile's default tiles only. ``Advice.tiles`` says which tiles each ranked strategy used.
+
+    ``advise("layer", model=..., phase=..., batch=..., context=..., dtype=...)`` picks a whole
+    layer's combination of strategies instead: :func:`pypto_numba.layers.advise_layer` (a dict)."""
+    if op == "layer":
+        from .layers import advise_layer
+
+        return advise_layer(profile=profile, **scenario)
     cands, seed, notes = candidates(op, profile, tiles, **scenario)
     return _decide(op, scenario, profile, cands, seed, notes)
 
