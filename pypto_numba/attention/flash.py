@@ -69,7 +69,7 @@ from .tiles import (
     tile_span,
     write_out,
 )
-from .validation import check_gqa, check_softcap, check_window, prepare, shapes_of
+from .validation import check_gqa, check_softcap, check_window, mask_itemsize, prepare, shapes_of
 
 COMBINE_ROW_OPS = 3  # per row and split: max, sub, exp of the weight
 COMBINE_ELEM_OPS = 2  # per output element and split: w*O_s and the add
@@ -198,7 +198,7 @@ def _flash_kernel(
                             mt, lt, ot, R, Dv)
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
-                    gm_read += R * n * 4
+                    gm_read += R * n * mask.itemsize
                 vector_ops += tile_vector_ops(R, n, Dv, has_mask, PV_STORAGE, softcap)
                 cube_flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
         for u in range(members):
@@ -362,9 +362,11 @@ def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal, left=None, right=
 @memo_plan
 def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_tile=None,
                kv_tile=None, num_splits=None, return_lse=False, causal=False, kv_len=None,
-               has_mask=False, gqa="head_loop", window=None, softcap=None, has_sinks=False) -> Plan:
+               has_mask=False, gqa="head_loop", window=None, softcap=None, has_sinks=False,
+               mask_dtype="fp32") -> Plan:
     """Plan of :func:`flash` (shapes [B, H, S, D]; ``kv_len``/``causal``/``window`` decide the
-    skipped tiles; ``softcap`` (a value or None) and ``has_sinks`` add their vector work)."""
+    skipped tiles; ``softcap`` (a value or None) and ``has_sinks`` add their vector work;
+    ``mask_dtype``: the mask as stored, "fp32", "bf16", "fp16" or "bool", read at its itemsize)."""
     where = "attention.flash"
     prof = load_profile(profile)
     B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
@@ -372,6 +374,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
     causal, window, left, right = check_window(window, causal, Sq, Skv, where)
     cap = check_softcap(softcap, where)
     has_sinks = bool(has_sinks)
+    mb = mask_itemsize(mask_dtype, where)
     expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
@@ -388,7 +391,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
             ub_tile("ml_state_ub", Rmax, 32, "fp32", prof),  # tile m, l and state m, l
         ]
         if has_mask:
-            ub.append(ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
+            ub.append(ub_tile("mask_ub", Rmax, kv_tile, mask_dtype, prof))
         check_ub(where, ub, prof, hint)
         reduce_tile(ub[0], prof, where, hint)
         qk = cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
@@ -424,7 +427,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
                 hi = min(lo + per, t0 + Tb)
                 for t in range(lo, hi):
                     n = min(kv_tile, Skv - t * kv_tile)
-                    rd += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
+                    rd += n * (D + Dv) * b + (R * n * mb if has_mask else 0)
                     vec += tile_vector_ops(R, n, Dv, bool(has_mask), PV_STORAGE, cap)
                     flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
             if n_split == 1:

@@ -65,7 +65,7 @@ from .tiles import (
     tile_vector_ops,
     write_out,
 )
-from .validation import PV_CODE, check_gqa, check_pv, check_softcap, check_window, prepare, shapes_of
+from .validation import PV_CODE, check_gqa, check_pv, check_softcap, check_window, mask_itemsize, prepare, shapes_of
 
 # the kernel's per-thread scratch regions, in slab order (scratch_layout gives their bounds)
 _SCRATCH = Regions("q_blocks", "scores", "p_hi", "p_lo", "o_tile", "o_lo", "m_tile", "l_tile", "dot_results")
@@ -180,7 +180,7 @@ def _online_kernel(
                         ot[i] += ot2[i]
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
-                    gm_read += R * n * 4
+                    gm_read += R * n * mask.itemsize
                 if t == lo:  # is_loop_begin: the tile's state becomes the running state
                     for r in range(R):
                         ms[r] = mt[r]
@@ -228,9 +228,10 @@ def scratch_layout(Rmax, D, Dv, kv_tile, qg=1):
 @memo_plan
 def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, kv_tile=None,
                 q_tile=None, pv="storage", causal=False, kv_len=None, has_mask=False,
-                gqa="head_loop", window=None, softcap=None, has_sinks=False) -> Plan:
+                gqa="head_loop", window=None, softcap=None, has_sinks=False, mask_dtype="fp32") -> Plan:
     """Plan of :func:`online` (shapes [B, H, S, D]; no data needed; kv_len shapes the walked tiles
-    only with a window; ``softcap`` (a value or None) and ``has_sinks`` add their vector work)."""
+    only with a window; ``softcap`` (a value or None) and ``has_sinks`` add their vector work;
+    ``mask_dtype``: the mask as stored, "fp32", "bf16", "fp16" or "bool", read at its itemsize)."""
     where = "attention.online"
     prof = load_profile(profile)
     B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
@@ -239,6 +240,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
     causal, window, left, right = check_window(window, causal, Sq, Skv, where)
     cap = check_softcap(softcap, where)
     has_sinks = bool(has_sinks)
+    mb = mask_itemsize(mask_dtype, where)
     expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
@@ -258,7 +260,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
         if pv == "compensated":
             ub.append(ub_tile("p_lo_ub", Rmax, kv_tile, dtype, prof))
         if has_mask:
-            ub.append(ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
+            ub.append(ub_tile("mask_ub", Rmax, kv_tile, mask_dtype, prof))
         check_ub(where, ub, prof, hint)
         reduce_tile(ub[0], prof, where, hint)
         qk = cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
@@ -297,7 +299,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
             per_vec += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
         for t in range(t0, t1):
             n = min(kv_tile, Skv - t * kv_tile)
-            per_read += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
+            per_read += n * (D + Dv) * b + (R * n * mb if has_mask else 0)
             per_vec += tile_vector_ops(R, n, Dv, bool(has_mask), pv_mode, cap)
             per_flops += tile_cube_flops(R, n, D, Dv, pv_mode)
         gm_read += count * Hkv * per_read

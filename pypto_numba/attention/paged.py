@@ -209,7 +209,7 @@ def _paged_flash_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
                             mt, lt, ot, R, Dv)
                 gm_read += nread * (D + Dv) * b_sz
                 if has_mask:
-                    gm_read += R * n * 4
+                    gm_read += R * n * mask.itemsize
                 vector_ops += tile_vector_ops(R, n, Dv, has_mask, PV_STORAGE, softcap)
                 cube_flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
         for u in range(members):
@@ -326,7 +326,7 @@ def _paged_online_kernel(q, k, v, table, bs, Skv, out, kv_len, causal, left, rig
                         ot[i] += ot2[i]
                 gm_read += nread * (D + Dv) * b_sz
                 if has_mask:
-                    gm_read += R * n * 4
+                    gm_read += R * n * mask.itemsize
                 if t == lo:
                     for r in range(R):
                         ms[r] = mt[r]
@@ -423,7 +423,7 @@ def validate_paged(q, k_cache, v_cache, where, *, block_table, kv_len, scale, ca
         raise ConstraintError(f"{where}: causal must be True or False, got {causal!r}")
     a.causal, a.window, a.left, a.right = check_window(window, bool(causal), Sq, Skv, where)
     a.kv_len, a.kv_len_given = lens, True
-    a.has_mask, a.mask_flat, a.mask_strides = check_mask(mask, (B, Hq, Sq, Skv), where)
+    a.has_mask, a.mask_flat, a.mask_strides, a.mask_dtype = check_mask(mask, (B, Hq, Sq, Skv), where)
     a.gqa = gqa
     a.softcap = check_softcap(softcap, where)
     a.has_sinks, a.sinks = check_sinks(sinks, Hq, where)

@@ -44,11 +44,12 @@ from .tiles import (
     SOFTCAP_OPS,
     key_range,
     load_q_block,
+    mask_term,
     packed_keys,
     tile_pv,
     tile_scores,
 )
-from .validation import check_gqa, check_softcap, check_window, prepare, shapes_of
+from .validation import check_gqa, check_softcap, check_window, mask_itemsize, prepare, shapes_of
 
 ROW_OPS = 7  # per score element: scale, max, sub, exp, sum, divide, cast (+1 with a mask)
 SINK_OPS = 4  # per row with a sink: max, sub, exp, add to the sum
@@ -146,14 +147,14 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has
                 x = srow[j] * scale
                 x = softcap * vtanh(x / softcap)
                 if has_mask:
-                    x += mask[mbase + j * msj]
+                    x += mask_term(mask[mbase + j * msj])
                 srow[j] = x
                 m = max(m, x)
         else:
             for j in range(lo, c):
                 x = srow[j] * scale
                 if has_mask:
-                    x += mask[mbase + j * msj]
+                    x += mask_term(mask[mbase + j * msj])
                 srow[j] = x
                 m = max(m, x)
         if m == NEG_INF:  # all allowed scores -inf, or NaN (max skips NaN): NaN propagates
@@ -183,7 +184,7 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has
                 prow[j] = dtypes.narrow(prow, np.float32(0.0))
         gm_read += Skv * 4
         if has_mask:
-            gm_read += Skv * 4
+            gm_read += Skv * mask.itemsize
         gm_write += Skv * b_sz
         vector_ops += Skv * (ROW_OPS + (1 if has_mask else 0) + (SOFTCAP_OPS if softcap > 0 else 0))
         if has_sinks:
@@ -262,16 +263,18 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, left, right, qt, scratch, scratch_a
 @memo_plan
 def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, causal=False,
                   kv_len=None, has_mask=False, gqa="head_loop", window=None, softcap=None,
-                  has_sinks=False) -> Plan:
+                  has_sinks=False, mask_dtype="fp32") -> Plan:
     """Plan of :func:`standard`; TileError when a whole score row does not fit UB. Whole rows:
     a ``window`` masks keys but reads and writes every score; ``softcap`` (a value or None) and
-    ``has_sinks`` add their vector work."""
+    ``has_sinks`` add their vector work; ``mask_dtype``: the mask as stored ("fp32", "bf16",
+    "fp16" or "bool"), read at its itemsize."""
     where = "attention.standard"
     prof = load_profile(profile)
     B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
     check_gqa(gqa, where)
     causal, window, _, _ = check_window(window, causal, Sq, Skv, where)
     cap = check_softcap(softcap, where)
+    mb = mask_itemsize(mask_dtype, where)
     expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
@@ -292,7 +295,7 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
         ub_tile("p_row_ub", 1, Skv, dtype, prof),
     ]
     if has_mask:
-        row_ub.append(ub_tile("mask_row_ub", 1, Skv, "fp32", prof))
+        row_ub.append(ub_tile("mask_row_ub", 1, Skv, mask_dtype, prof))
     need = sum(x.nbytes for x in row_ub)
     if need > prof.ub_bytes:
         raise TileError(
@@ -312,7 +315,7 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
                     gm_write_bytes=rows * Skv * 4, workspace_bytes=rows * Skv * 4,
                     cube_flops=2 * rows * Skv * D)
     k2 = KernelPlan(name="softmax", unit="vector", tasks=rows, buffers=tuple(row_ub),
-                    gm_read_bytes=rows * Skv * 4 * (2 if has_mask else 1) + (rows * 4 if has_sinks else 0),
+                    gm_read_bytes=rows * Skv * (4 + (mb if has_mask else 0)) + (rows * 4 if has_sinks else 0),
                     gm_write_bytes=rows * Skv * b, workspace_bytes=rows * Skv * b,
                     vector_ops=rows * Skv * (ROW_OPS + (1 if has_mask else 0) + (SOFTCAP_OPS if cap > 0 else 0))
                     + (rows * SINK_OPS if has_sinks else 0))

@@ -42,7 +42,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from ..machine import cube, dtypes
 from ..machine.jit import device, kernel
@@ -76,6 +77,22 @@ SOFTCAP_OPS = 3
 # the sink joins a row's state like a tile (MERGE_ROW_OPS), and scales its output (1 per element)
 SINK_ROW_OPS = MERGE_ROW_OPS
 SINK_ELEM_OPS = 1
+
+
+def mask_term(m):
+    """The additive score term of mask element ``m`` (the kernels read the mask as stored): a
+    bool keeps its key (True: 0) or drops it (False: -inf), torch SDPA's convention; an fp32,
+    bf16 or fp16 value (kernel view) is added as its fp32 value."""
+    if isinstance(m, (bool, np.bool_)):
+        return np.float32(0.0) if m else NEG_INF
+    return dtypes.widen(m)
+
+
+@overload(mask_term, jit_options={"forceinline": True})
+def _mask_term_impl(m):
+    if isinstance(m, types.Boolean):
+        return lambda m: np.float32(0.0) if m else NEG_INF
+    return lambda m: dtypes.widen(m)
 
 
 @device
@@ -335,7 +352,7 @@ def tile_softmax(
     b, kvh, G, i0, qv : batch, KV head, query heads per KV head, first query position, positions
     Sq, Skv, kv_len, causal, left, right : what decides the allowed keys (:func:`key_range`)
     scale, softcap : the scale, and the soft-cap c (0: none; else ``c * tanh(s / c)`` after the scale)
-    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its strides
+    has_mask, mask, msb, msh, msi, msj : the flat mask as stored (:func:`mask_term`) and its strides
     mt, lt : the tile's row max and row sum (out)
     ph, pl : P, and the rounding residual for PV_COMPENSATED (out)
     pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32
@@ -358,14 +375,14 @@ def tile_softmax(
                 x = s[base + np.uint64(j)] * scale
                 x = softcap * vtanh(x / softcap)
                 if has_mask:
-                    x += mask[mbase + j * msj]
+                    x += mask_term(mask[mbase + j * msj])
                 s[base + np.uint64(j)] = x
         elif has_mask:
             g = r // qv
             i = i0 + r - g * qv
             mbase = b * msb + (kvh * G + g) * msh + i * msi + j0 * msj
             for j in range(lo, c):
-                s[base + np.uint64(j)] = s[base + np.uint64(j)] * scale + mask[mbase + j * msj]
+                s[base + np.uint64(j)] = s[base + np.uint64(j)] * scale + mask_term(mask[mbase + j * msj])
         else:
             for j in range(ul, uc):
                 s[base + j] = s[base + j] * scale

@@ -22,7 +22,7 @@ class Args:
     """Validated attention inputs and options."""
 
     __slots__ = ("q", "k", "v", "dtype", "B", "Hq", "Hkv", "Sq", "Skv", "D", "Dv", "G", "scale",
-                 "causal", "kv_len", "kv_len_given", "has_mask", "mask_flat", "mask_strides", "gqa",
+                 "causal", "kv_len", "kv_len_given", "has_mask", "mask_flat", "mask_strides", "mask_dtype", "gqa",
                  "window", "left", "right", "softcap", "has_sinks", "sinks", "copied_bytes")
 
     @property
@@ -30,9 +30,9 @@ class Args:
         return (self.q.shape, self.k.shape, self.v.shape)
 
     def plan_options(self) -> dict:
-        """The window, soft-cap and sink options as the plans take them."""
+        """The window, soft-cap, sink and mask-dtype options as the plans take them."""
         return {"window": self.window, "softcap": float(self.softcap) if self.softcap > 0 else None,
-                "has_sinks": self.has_sinks}
+                "has_sinks": self.has_sinks, "mask_dtype": self.mask_dtype}
 
     def with_arrays(self, q, k, v) -> "Args":
         """These arguments for other q, k, v of the same shapes, strides and dtypes (contiguous)."""
@@ -109,7 +109,7 @@ def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None
         raise ConstraintError(f"{where}: causal must be True or False, got {causal!r}")
     a.causal, a.window, a.left, a.right = check_window(window, bool(causal), Sq, Skv, where)
     a.kv_len, a.kv_len_given = check_kv_len(kv_len, B, Skv, where)
-    a.has_mask, a.mask_flat, a.mask_strides = check_mask(mask, (B, Hq, Sq, Skv), where)
+    a.has_mask, a.mask_flat, a.mask_strides, a.mask_dtype = check_mask(mask, (B, Hq, Sq, Skv), where)
     a.gqa = check_gqa(gqa, where)
     a.softcap = check_softcap(softcap, where)
     a.has_sinks, a.sinks = check_sinks(sinks, Hq, where)
@@ -219,34 +219,57 @@ def check_kv_len(kv_len, B, Skv, where):
     return np.array(arr, dtype=np.int64), True  # a copy: a kept call must not see later writes
 
 
+MASK_DTYPES = ("fp32", "bf16", "fp16", "bool")  # how a mask may be stored (plans: ``mask_dtype``)
+
+
+def mask_itemsize(mask_dtype, where):
+    """Bytes per mask element the kernels read (the mask as stored: nothing is widened in GM)."""
+    if mask_dtype not in MASK_DTYPES:
+        raise ConstraintError(f"{where}: mask_dtype must be one of {MASK_DTYPES}, got {mask_dtype!r}")
+    return 1 if mask_dtype == "bool" else dtypes.itemsize(mask_dtype)
+
+
 def check_mask(mask, full, where):
-    """-> (has_mask, flat float32 array, element strides (b, h, i, j) with 0 on broadcast dims)."""
+    """-> (has_mask, flat mask as the kernels read it, element strides (b, h, i, j) with 0 on
+    broadcast dims, mask dtype name).
+
+    A mask broadcasts to ``[B, Hq, Sq, Skv]`` and is either additive (float32, bfloat16 or
+    float16: added to the scaled, capped scores) or boolean (True = keep the key, False = drop it:
+    torch SDPA's convention, the same as an additive 0 / -inf). It is read as stored: a bool mask
+    costs 1 B per element read, a 16-bit one 2 B."""
     if mask is None:
-        return False, np.zeros(1, np.float32), (0, 0, 0, 0)
-    if not isinstance(mask, np.ndarray):
-        raise DTypeError(f"{where}: mask must be a numpy float32 array, got {type(mask).__name__}")
-    if mask.dtype != np.float32:
+        return False, np.zeros(1, np.float32), (0, 0, 0, 0), "fp32"
+    how = (f"{MASK_DTYPES[:3]} additive or bool (True = keep) numpy array broadcastable to "
+           f"[B, Hq, Sq, Skv] = {full}")
+    if not isinstance(mask, np.ndarray) or isinstance(mask, np.ma.MaskedArray):
+        raise DTypeError(f"{where}: mask must be a {how}, got {type(mask).__name__}; "
+                         f"use numpy.asarray(mask, numpy.float32) or a bool array")
+    kind = "bool" if mask.dtype == np.bool_ else dtypes.storage_name(mask.dtype)
+    if kind is None:
         raise DTypeError(
-            f"{where}: mask must be an additive float32 array, got dtype {mask.dtype}; "
-            f"convert with mask.astype(numpy.float32)"
+            f"{where}: mask has dtype {mask.dtype}; it must be a {how}; convert with "
+            f"mask.astype(numpy.float32) (additive) or mask.astype(bool) (True = keep)"
         )
     if mask.ndim > 4:
         raise ShapeError(f"{where}: mask has {mask.ndim} dims; it must broadcast to [B, Hq, Sq, Skv] = {full}")
     shape4 = (1,) * (4 - mask.ndim) + mask.shape
     if any(m not in (1, f) for m, f in zip(shape4, full)) or mask.size == 0:
-        raise ShapeError(f"{where}: mask of shape {mask.shape} does not broadcast to [B, Hq, Sq, Skv] = {full}")
+        raise ShapeError(f"{where}: mask of shape {mask.shape} does not broadcast to [B, Hq, Sq, Skv] = {full}; "
+                         f"each dim must be 1 or the full size (e.g. [B, 1, Sq, Skv] for a padding mask)")
     # dims a broadcast view repeats (stride 0, e.g. np.broadcast_to) are kept as one slice:
     # the kernels read them with stride 0 instead of from a copy materialised at full size
     mask = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.strides)]
     shape4 = (1,) * (4 - mask.ndim) + mask.shape
     flat = np.ascontiguousarray(mask).reshape(shape4)
+    if kind != "bool":
+        flat = dtypes.kernel_view(flat)  # 16-bit masks as their bits (dtypes.widen reads them)
     strides = []
     acc = 1
     for dim in reversed(shape4):
         strides.append(acc if dim > 1 else 0)
         acc *= dim
     strides = tuple(reversed(strides))
-    return True, flat.reshape(-1), strides
+    return True, flat.reshape(-1), strides, kind
 
 
 def shapes_of(q_shape, k_shape, v_shape, where):
