@@ -469,7 +469,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
           summary="fused flash kernel: state on-chip, masked tiles skipped, split-KV for decode")
 def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
           q_tile=None, kv_tile=None, num_splits=None, return_lse=False, window=None, softcap=None,
-          sinks=None, block_table=None, profile=None):
+          sinks=None, block_table=None, profile=None, layout="bhsd"):
     """Fused flash attention (see the module docstring). ``return_lse=True`` -> (out, lse fp32 [B, Hq, Sq]).
 
     ``block_table`` (int32 [B, max_blocks_per_seq], with ``kv_len``): k and v are paged caches
@@ -486,15 +486,15 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
 
         return paged_call("flash", q, k, v, block_table=block_table, kv_len=kv_len, scale=scale, causal=causal,
                           mask=mask, gqa=gqa, window=window, softcap=softcap, sinks=sinks, profile=profile,
-                          kv_tile=kv_tile, q_tile=q_tile, num_splits=num_splits, return_lse=return_lse)
+                          kv_tile=kv_tile, q_tile=q_tile, num_splits=num_splits, return_lse=return_lse, layout=layout)
     a, p = prepare(where, q, k, v, profile, lambda a: plan_flash(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, q_tile=q_tile, kv_tile=kv_tile,
         num_splits=num_splits, return_lse=return_lse, causal=a.causal, kv_len=a.kv_len,
         has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
-        sinks=sinks, options=(q_tile, kv_tile, num_splits, return_lse))
+        sinks=sinks, options=(q_tile, kv_tile, num_splits, return_lse), layout=layout)
     kvt, qt, n_split = p.params["kv_tile"], p.params["q_tile"], p.params["num_splits"]
-    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    out, out_k = a.empty_out()
     lse = np.empty((a.B, a.Hq, a.Sq), np.float32)
     want = bool(return_lse)
     with Launch(p, a.shapes) as run:

@@ -319,7 +319,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
           summary="online softmax over KV tiles, state in GM workspace (PyPTO decode)")
 def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
            kv_tile=None, q_tile=None, pv="storage", window=None, softcap=None, sinks=None, block_table=None,
-           profile=None):
+           profile=None, layout="bhsd"):
     """Attention by online softmax over ``kv_tile`` KV tiles (see the module docstring).
 
     ``pv``: "storage" rounds P to the storage dtype before P@V (the NPU), "compensated" adds a
@@ -334,14 +334,14 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
 
         return paged_call("online", q, k, v, block_table=block_table, kv_len=kv_len, scale=scale, causal=causal,
                           mask=mask, gqa=gqa, window=window, softcap=softcap, sinks=sinks, profile=profile,
-                          kv_tile=kv_tile, q_tile=q_tile, pv=pv)
+                          kv_tile=kv_tile, q_tile=q_tile, pv=pv, layout=layout)
     a, p = prepare(where, q, k, v, profile, lambda a: plan_online(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, kv_tile=kv_tile, q_tile=q_tile, pv=pv,
         causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
-        sinks=sinks, options=(kv_tile, q_tile, pv))
+        sinks=sinks, options=(kv_tile, q_tile, pv), layout=layout)
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
-    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    out, out_k = a.empty_out()
     with Launch(p, a.shapes) as run:
         kk, vk = run_expand(a, run)
         Hkv = kk.shape[1]

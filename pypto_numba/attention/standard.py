@@ -333,7 +333,7 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
 @register("attention", "standard", plan=plan_standard,
           summary="whole-row softmax, scores and P in GM workspace (3 kernels)")
 def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", window=None,
-             softcap=None, sinks=None, block_table=None, profile=None):
+             softcap=None, sinks=None, block_table=None, profile=None, layout="bhsd"):
     """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V.
 
     ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`. ``block_table``: refused
@@ -347,9 +347,9 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, causal=a.causal, kv_len=a.kv_len,
         has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
-        sinks=sinks)
+        sinks=sinks, layout=layout)
     qt = p.params["q_tile"]
-    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    out, out_k = a.empty_out()
     with Launch(p, a.shapes) as run:
         kk, vk = run_expand(a, run)
         G = a.Hq // kk.shape[1]

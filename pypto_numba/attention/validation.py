@@ -23,7 +23,7 @@ class Args:
 
     __slots__ = ("q", "k", "v", "dtype", "B", "Hq", "Hkv", "Sq", "Skv", "D", "Dv", "G", "scale",
                  "causal", "kv_len", "kv_len_given", "has_mask", "mask_flat", "mask_strides", "mask_dtype", "gqa",
-                 "window", "left", "right", "softcap", "has_sinks", "sinks", "copied_bytes")
+                 "window", "left", "right", "softcap", "has_sinks", "sinks", "copied_bytes", "layout")
 
     @property
     def shapes(self):
@@ -39,8 +39,36 @@ class Args:
         a = Args()
         for name in Args.__slots__:
             setattr(a, name, getattr(self, name))
-        a.q, a.k, a.v = (inputs.Tensor(x, self.dtype, dtypes.kernel_view(x), 0) for x in (q, k, v))
+        a.q, a.k, a.v = (in_layout(inputs.Tensor(x, self.dtype, dtypes.kernel_view(x), 0), self.layout)
+                         for x in (q, k, v))
         return a
+
+    def empty_out(self, Dv=None):
+        """-> (the result array in the call's layout, its kernel view as [B, Hq, Sq, Dv])."""
+        Dv = self.Dv if Dv is None else Dv
+        if self.layout == "bshd":
+            out, out_k = dtypes.empty((self.B, self.Sq, self.Hq, Dv), self.dtype)
+            return out, out_k.transpose(0, 2, 1, 3)
+        return dtypes.empty((self.B, self.Hq, self.Sq, Dv), self.dtype)
+
+
+LAYOUTS = ("bhsd", "bshd")
+
+
+def check_layout(layout, where):
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ConstraintError(f"{where}: layout must be 'bhsd' (q [B, Hq, Sq, D], the default, torch SDPA's) or "
+                              f"'bshd' (q [B, Sq, Hq, D], Hugging Face's and flash-attn's), got {layout!r}; "
+                              f"k, v and the result use the same layout")
+    return layout
+
+
+def in_layout(t, layout):
+    """A validated [B, S, H, D] tensor (layout "bshd") as its [B, H, S, D] view, no copy: the
+    kernels index the transposed view (strided.py); "bhsd" tensors as they are."""
+    if layout != "bshd":
+        return t
+    return inputs.Tensor(t.array.transpose(0, 2, 1, 3), t.dtype, t.kview.transpose(0, 2, 1, 3), t.copied_bytes)
 
 
 # Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
@@ -48,29 +76,41 @@ class Args:
 _CALLS = CallMemo()
 
 
-def _full(where, q, k, v, plan, scale, causal, kv_len, mask, gqa, window, softcap, sinks):
+def _full(where, q, k, v, plan, scale, causal, kv_len, mask, gqa, window, softcap, sinks, layout):
     a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa,
-                 window=window, softcap=softcap, sinks=sinks)
+                 window=window, softcap=softcap, sinks=sinks, layout=layout)
     return (a, plan(a)), a, a.copied_bytes
 
 
 def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, window=None, softcap=None,
-            sinks=None, options=()):
+            sinks=None, options=(), layout="bhsd"):
     """-> (:class:`Args`, plan) of a call: validated in full (``plan(args)`` builds the plan), or,
     for a call with the signature of an earlier one, that call's with this call's arrays.
 
     The signature: q, k, v by shape, strides and dtype, the options, ``kv_len`` and ``sinks`` by
     value, the profile. A call with a ``mask`` (data) or a non-contiguous input (copied) keeps nothing."""
     key = None if mask is not None else _CALLS.key(
-        profile, (q, k, v), (where, scale, causal, kv_len, gqa, window, softcap, sinks, options))
+        profile, (q, k, v), (where, scale, causal, kv_len, gqa, window, softcap, sinks, options, layout))
 
     (a, p), fresh, _ = _CALLS.through(key, _full, where, q, k, v, plan, scale, causal, kv_len, mask, gqa,
-                                      window, softcap, sinks)
+                                      window, softcap, sinks, layout)
     return (a if fresh is not None else a.with_arrays(q, k, v)), p
 
 
 def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
-             window=None, softcap=None, sinks=None) -> Args:
+             window=None, softcap=None, sinks=None, layout="bhsd") -> Args:
+    """The checked arguments of an attention call (:func:`_validate`)."""
+    try:
+        return _validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa,
+                         window=window, softcap=softcap, sinks=sinks, layout=layout)
+    except ShapeError as exc:
+        if layout != "bshd":
+            raise
+        raise ShapeError(f"{exc} (layout='bshd': shapes shown as the [B, H, S, D] views of the "
+                         f"[B, S, H, D] inputs)") from None
+
+
+def _validate(q, k, v, where, *, scale, causal, kv_len, mask, gqa, window, softcap, sinks, layout) -> Args:
     """The checked arguments of an attention call.
 
     Options beyond the shared ones (API.md):
@@ -81,12 +121,17 @@ def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None
     - ``softcap``: a finite ``c > 0``: scores become ``c * tanh(s / c)`` after the scale, before
       the masks (Gemma 2);
     - ``sinks``: float32 ``[Hq]``, one logit per query head joining every row's softmax as a
-      column with no value (not scaled, not capped; in the row max and the lse; gpt-oss).
+      column with no value (not scaled, not capped; in the row max and the lse; gpt-oss);
+    - ``mask``: see :func:`check_mask` (additive fp32/bf16/fp16 or bool, True = keep);
+    - ``layout``: "bhsd" (``[B, H, S, D]``) or "bshd" (``[B, S, H, D]``, Hugging Face's) for q,
+      k, v and the result; a "bshd" array is read in place through its transposed view. Shapes
+      in the errors below are the ``[B, H, S, D]`` view's.
     """
     a = Args()
-    qt = inputs.tensor(q, "q", where, min_rank=4, max_rank=4)
-    kt = inputs.tensor(k, "k", where, min_rank=4, max_rank=4)
-    vt = inputs.tensor(v, "v", where, min_rank=4, max_rank=4)
+    a.layout = check_layout(layout, where)
+    qt = in_layout(inputs.tensor(q, "q", where, min_rank=4, max_rank=4), a.layout)
+    kt = in_layout(inputs.tensor(k, "k", where, min_rank=4, max_rank=4), a.layout)
+    vt = in_layout(inputs.tensor(v, "v", where, min_rank=4, max_rank=4), a.layout)
     a.dtype = inputs.same_dtype(where, q=qt, k=kt, v=vt)
     B, Hq, Sq, D = qt.shape
     Bk, Hkv, Skv, Dk = kt.shape
