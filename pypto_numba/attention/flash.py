@@ -18,7 +18,7 @@ log-sum-exp weights ``exp(m_s - max m)``. ``num_splits=None`` picks ``cube_cores
 
 Traffic (b = itemsize, R rows, n valid keys of a run tile, state row (Dv + 2)*4 B)::
 
-    1 kernel   read Q R*D*b per task + run tiles' K and V (n*(D+Dv)*b) [+ mask R*n*4];
+    1 kernel   read Q R*D*b per task + run tiles' K and V (n*(D+Dv)*b) [+ mask R*n*mb, mb its itemsize];
                write R*Dv*b [+ lse R*4] [+ sinks read R*4]
     split      kernel 1 writes R*(Dv+2)*4 per task instead of the output; kernel 2 (combine)
                reads num_splits*R*(Dv+2)*4 [+ sinks R*4] per block and writes R*Dv*b [+ R*4]
@@ -128,7 +128,8 @@ def _flash_kernel(
     lse, want_lse : fp32 [B, Hq, Sq] log-sum-exp, written when want_lse (and n_split == 1)
     kv_len : int64 [B]; causal, left, right, scale, softcap : the validated options (the window's
     bounds, validation.check_window; softcap 0: none)
-    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    has_mask, mask, msb, msh, msi, msj : the flat mask as stored (tiles.mask_term), its (b, h, i, j)
+    element strides
     has_sinks, sinks : fp32 [Hq] sink logits (with split-KV the combine adds them)
     qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
     n_split : KV splits per block (> 1: partials to part_*, merged by :func:`_combine_kernel`)
@@ -477,6 +478,8 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
 
     ``window``, ``softcap``, ``sinks``: see :func:`validation.validate` (sliding window, Gemma 2
     soft-capping, gpt-oss sinks); the lse includes the sink.
+    ``mask``: additive fp32/bf16/fp16 or bool (True = keep), broadcastable to [B, Hq, Sq, Skv];
+    ``layout``: "bhsd" or "bshd" ([B, S, H, D] q/k/v and result); see the package docstring.
     """
     where = "attention.flash"
     if not isinstance(return_lse, (bool, np.bool_)):

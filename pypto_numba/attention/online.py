@@ -16,7 +16,7 @@ last tile reads it and writes the output). Sinks join the state after the last t
 Traffic (b = itemsize, R = G*qv rows, n_t walked tiles (ceil(Skv/kv_tile) without a window),
 state row = (Dv + 2)*4 B)::
 
-    read   per task: Q R*D*b + n_t tiles of K (n*D*b) and V (n*Dv*b) [+ mask R*n*4]
+    read   per task: Q R*D*b + n_t tiles of K (n*D*b) and V (n*Dv*b) [+ mask R*n*mb, mb its itemsize]
            + state R*(Dv+2)*4 at tiles 1..n_t-1 [+ sinks R*4]
     write  per task: state R*(Dv+2)*4 at tiles 0..n_t-2, output R*Dv*b
     workspace  B*Hq*Sq*(Dv+2)*4 (0 when n_t = 1)
@@ -112,7 +112,8 @@ def _online_kernel(
     q, k, v, out : kernel views [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, Dv], [B, Hq, Sq, Dv]
     kv_len : int64 [B]; causal, left, right, scale, softcap : the validated options (the window's
     bounds, validation.check_window; softcap 0: none)
-    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    has_mask, mask, msb, msh, msi, msj : the flat mask as stored (tiles.mask_term), its (b, h, i, j)
+    element strides
     has_sinks, sinks : fp32 [Hq] sink logits
     qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
     pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32 (tiles.py)
@@ -327,6 +328,8 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
     ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`. ``block_table`` (int32
     [B, max_blocks_per_seq], with ``kv_len``): k and v are paged caches [num_blocks, block_size,
     Hkv, D] (paged.py).
+    ``mask``: additive fp32/bf16/fp16 or bool (True = keep), broadcastable to [B, Hq, Sq, Skv];
+    ``layout``: "bhsd" or "bshd" ([B, S, H, D] q/k/v and result); see the package docstring.
     """
     where = "attention.online"
     if block_table is not None:

@@ -6,7 +6,7 @@ Three kernels (b = itemsize, rows = B*Hq*Sq, nq query tiles per (batch, KV head)
              read Q rows*D*b + K nq*B*Hkv*Skv*D*b (re-read per query tile), write rows*Skv*4
     softmax  vector, tasks rows (one whole score row in UB): scale, [soft-cap,] mask, max, exp,
              sum [+ the sink column], divide, P in the storage dtype -> GM workspace
-             read rows*Skv*4 [+ mask rows*Skv*4] [+ sinks rows*4], write rows*Skv*b
+             read rows*Skv*4 [+ mask rows*Skv*mb, mb its itemsize] [+ sinks rows*4], write rows*Skv*b
     pv       cube,   tasks B*Hkv: O = P V (fp32 accumulation), one cast
              read P rows*Skv*b + V nq*B*Hkv*Skv*Dv*b, write rows*Dv*b
     workspace  rows*Skv*(4 + b)
@@ -121,7 +121,7 @@ def _scores_kernel(q, k, s_ws, qt, kt, scratch, scratch_at):
 def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has_mask, mask, msb, msh, msi,
                     msj, has_sinks, sinks):
     """P = softmax(S*scale + mask) per whole score row, rounded to ``p_ws``'s storage dtype
-    (``mask``: flat fp32 with element strides msb, msh, msi, msj) over the row's allowed keys
+    (``mask``: flat, as stored (tiles.mask_term), element strides msb, msh, msi, msj) over the row's allowed keys
     (tiles.key_range; ``left``/``right``: the window); ``softcap`` > 0 caps ``S*scale`` first,
     ``sinks[h]`` joins the max and the sum as a column with no value."""
     B, Hq, Sq, Skv = s_ws.shape
@@ -338,6 +338,8 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
 
     ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`. ``block_table``: refused
     (a paged cache runs on online or flash).
+    ``mask``: additive fp32/bf16/fp16 or bool (True = keep), broadcastable to [B, Hq, Sq, Skv];
+    ``layout``: "bhsd" or "bshd" ([B, S, H, D] q/k/v and result); see the package docstring.
     """
     where = "attention.standard"
     if block_table is not None:

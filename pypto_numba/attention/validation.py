@@ -284,7 +284,7 @@ def check_mask(mask, full, where):
     costs 1 B per element read, a 16-bit one 2 B."""
     if mask is None:
         return False, np.zeros(1, np.float32), (0, 0, 0, 0), "fp32"
-    how = (f"{MASK_DTYPES[:3]} additive or bool (True = keep) numpy array broadcastable to "
+    how = (f"float32, bfloat16 or float16 additive or bool (True = keep) numpy array broadcastable to "
            f"[B, Hq, Sq, Skv] = {full}")
     if not isinstance(mask, np.ndarray) or isinstance(mask, np.ma.MaskedArray):
         raise DTypeError(f"{where}: mask must be a {how}, got {type(mask).__name__}; "
