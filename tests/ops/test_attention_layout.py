@@ -70,7 +70,7 @@ def test_flash_bshd_lse_and_splits(rng):
     B, Hq, Hkv, Skv, D = 1, 4, 2, 200, 16
     q, k, v = bshd_inputs(rng, B, Hq, Hkv, 1, Skv, D, D, "fp32")
     (out, lse), rec = run_traced(flash, q, k, v, layout="bshd", kv_tile=32, num_splits=3, return_lse=True)
-    assert rec.planned.kernels[-1].name == "flash_combine"
+    assert rec.plan.kernels[-1].name == "flash_combine"
     want, want_lse = reference.attention(T(q), T(k), T(v), return_lse=True)
     np.testing.assert_allclose(T(out), want, rtol=0, atol=ATOL["fp32"])
     np.testing.assert_allclose(lse, want_lse, rtol=0, atol=1e-5)
