@@ -82,11 +82,11 @@ def test_bshd_matches_torch_sdpa(name, rng):
     """torch SDPA on the [B, H, S, D] views of the same arrays (as HF's sdpa_attention_forward
     transposes them), a second independent check."""
     torch = pytest.importorskip("torch")
-    B, Hq, Hkv, Sq, Skv, D = 2, 4, 2, 18, 41, 16
+    B, Hq, Hkv, Sq, Skv, D = 2, 4, 2, 41, 41, 16  # Sq == Skv: torch's top-left causal is our bottom-right
     q, k, v = bshd_inputs(rng, B, Hq, Hkv, Sq, Skv, D, D, "fp32")
     tq, tk, tv = (torch.from_numpy(x).transpose(1, 2) for x in (q, k, v))
     want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True)
-    got = STRATEGIES[name](q, k, v, layout="bshd", causal=True, **TILES[name])  # Sq <= Skv: torch's tril is ours
+    got = STRATEGIES[name](q, k, v, layout="bshd", causal=True, **TILES[name])
     np.testing.assert_allclose(got, want.transpose(1, 2).numpy(), rtol=0, atol=2e-5)
 
 
