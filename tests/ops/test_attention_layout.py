@@ -117,3 +117,14 @@ def test_paged_bshd_queries(name, rng):
     np.testing.assert_allclose(T(out).astype(np.float64), dense.astype(np.float64), rtol=0, atol=ATOL["fp16"])
     np.testing.assert_allclose(T(out).astype(np.float64), reference.attention(q, kd, vd, kv_len=kv_len, causal=True),
                                rtol=0, atol=ATOL["fp16"])
+
+
+def test_compare_takes_layout_and_bool_masks(rng):
+    """compare runs every strategy and the oracle with layout="bshd" and with a bool mask."""
+    import pypto_numba as pn
+
+    q, k, v = bshd_inputs(rng, 2, 4, 2, 5, 40, 16, 16, "fp32")
+    assert [r.verdict for r in pn.compare("attention", q, k, v, layout="bshd", repeats=1).rows] == ["PASS"] * 3
+    mask = rng.random((2, 1, 5, 40)) > 0.3
+    cmp = pn.compare("attention", T(q), T(k), T(v), mask=mask, repeats=1)
+    assert [r.verdict for r in cmp.rows] == ["PASS"] * 3
