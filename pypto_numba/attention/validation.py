@@ -99,18 +99,6 @@ def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, 
 
 def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
              window=None, softcap=None, sinks=None, layout="bhsd") -> Args:
-    """The checked arguments of an attention call (:func:`_validate`)."""
-    try:
-        return _validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa,
-                         window=window, softcap=softcap, sinks=sinks, layout=layout)
-    except ShapeError as exc:
-        if layout != "bshd":
-            raise
-        raise ShapeError(f"{exc} (layout='bshd': shapes shown as the [B, H, S, D] views of the "
-                         f"[B, S, H, D] inputs)") from None
-
-
-def _validate(q, k, v, where, *, scale, causal, kv_len, mask, gqa, window, softcap, sinks, layout) -> Args:
     """The checked arguments of an attention call.
 
     Options beyond the shared ones (API.md):
@@ -124,8 +112,8 @@ def _validate(q, k, v, where, *, scale, causal, kv_len, mask, gqa, window, softc
       column with no value (not scaled, not capped; in the row max and the lse; gpt-oss);
     - ``mask``: see :func:`check_mask` (additive fp32/bf16/fp16 or bool, True = keep);
     - ``layout``: "bhsd" (``[B, H, S, D]``) or "bshd" (``[B, S, H, D]``, Hugging Face's) for q,
-      k, v and the result; a "bshd" array is read in place through its transposed view. Shapes
-      in the errors below are the ``[B, H, S, D]`` view's.
+      k, v and the result; a "bshd" array is read in place through its transposed view (shape
+      errors show that view, and say so).
     """
     a = Args()
     a.layout = check_layout(layout, where)
@@ -136,15 +124,17 @@ def _validate(q, k, v, where, *, scale, causal, kv_len, mask, gqa, window, softc
     B, Hq, Sq, D = qt.shape
     Bk, Hkv, Skv, Dk = kt.shape
     Bv, Hv, Sv, Dv = vt.shape
+    note = ("" if a.layout == "bhsd"
+            else " (layout='bshd': shapes shown as the [B, H, S, D] views of the [B, S, H, D] inputs)")
     if Bk != B or Bv != B:
-        raise ShapeError(f"{where}: batch sizes differ: q {qt.shape}, k {kt.shape}, v {vt.shape}")
+        raise ShapeError(f"{where}: batch sizes differ: q {qt.shape}, k {kt.shape}, v {vt.shape}{note}")
     if Dk != D:
-        raise ShapeError(f"{where}: head dim of k ({Dk}) differs from q ({D}); q {qt.shape}, k {kt.shape}")
+        raise ShapeError(f"{where}: head dim of k ({Dk}) differs from q ({D}); q {qt.shape}, k {kt.shape}{note}")
     if Hv != Hkv or Sv != Skv:
-        raise ShapeError(f"{where}: k {kt.shape} and v {vt.shape} must share [B, Hkv, Skv]")
+        raise ShapeError(f"{where}: k {kt.shape} and v {vt.shape} must share [B, Hkv, Skv]{note}")
     if Hq % Hkv:
         raise ShapeError(
-            f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0)"
+            f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0){note}"
         )
     a.q, a.k, a.v = qt, kt, vt
     a.B, a.Hq, a.Hkv, a.Sq, a.Skv, a.D, a.Dv, a.G = B, Hq, Hkv, Sq, Skv, D, Dv, Hq // Hkv
