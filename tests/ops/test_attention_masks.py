@@ -64,12 +64,12 @@ EPS = {"fp32": 2.0**-23, "bf16": 2.0**-7, "fp16": 2.0**-10}
 
 
 def within_an_ulp(x, y, dtype):
-    """x and y differ by at most one unit in the last place of the storage dtype: two kernel
-    specialisations may round a vectorised fp32 sum differently (one compiled fresh, one from
-    the cache: machine/jit.py), which can move a result by one storage ulp."""
+    """x and y agree to a few storage ulps of the output's scale: two kernel specialisations may
+    round a vectorised fp32 sum differently (one compiled fresh, one from the cache:
+    machine/jit.py), which moves a result by about an ulp of the sum's terms."""
     a, b = x.astype(np.float64), y.astype(np.float64)
     assert x.shape == y.shape and x.dtype == y.dtype
-    np.testing.assert_array_less(np.abs(a - b), EPS[dtype] * np.maximum(np.abs(a), np.abs(b)) * 1.01 + 1e-30)
+    np.testing.assert_allclose(a, b, rtol=EPS[dtype], atol=4 * EPS[dtype] * np.abs(b).max())
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
