@@ -9,7 +9,21 @@ over the allowed keys ``j < kv_len[b]`` (and ``j <= i' = i + kv_len[b] - Sq`` wh
 aligned; ``-right <= i' - j <= left`` with ``window=(left, right)``, ``window=W`` being ``(W-1, 0)``
 and causal); a row with no allowed key returns zeros. ``softcap=c`` caps the scaled scores to
 ``c * tanh(s / c)`` before the mask; ``sinks[Hq]`` add one logit per head to every row's softmax
-(in the max, the sum and the lse, with no value). Rounding points as on the NPU: S in fp32 from
+(in the max, the sum and the lse, with no value).
+
+Masks (broadcastable to ``[B, Hq, Sq, Skv]``, read as stored, 1 or 2 or 4 B per element read):
+additive float32, bfloat16 or float16 (added after the scale and the cap), or bool with True =
+keep (torch SDPA's convention: False is an additive -inf). A row whose keys are all masked by
+-inf or False returns zeros (torch SDPA's result); an additive finite minimum adds one constant
+to the row: float32's or bfloat16's (~-3.4e38) absorbs the fp32 scores, so the row is the uniform
+average of V over its allowed keys (Hugging Face eager's result), float16's (-65504) does not.
+
+``layout="bshd"``: q ``[B, Sq, Hq, D]``, k/v ``[B, Skv, Hkv, D]`` and the result ``[B, Sq, Hq, Dv]``
+(Hugging Face's and flash-attn's layout), read in place through transposed views (strided.py;
+same counted cost as "bhsd", no copy; the last bits may differ from the "bhsd" call's where the
+CPU vectorises a strided load differently); the lse stays ``[B, Hq, Sq]``, the mask as above.
+
+Rounding points as on the NPU: S in fp32 from
 storage-dtype operands, softmax in fp32, P rounded to the storage dtype before P@V, fp32
 accumulation, one cast at the end.
 
@@ -58,6 +72,7 @@ def _reference_attention(
     window=None,
     softcap=None,
     sinks=None,
+    layout="bhsd",
 ):
     """Softmax attention with GQA, bottom-right causal alignment, kv_len, an additive mask, a
     sliding window, soft-capping and sinks, from their definitions, densely in float64.
@@ -66,7 +81,8 @@ def _reference_attention(
     ``i' = i + kv_len - Sq``; ``window=W`` is ``(W - 1, 0)`` and causal. ``softcap=c``: the scaled
     scores become ``c * tanh(s / c)``, then the mask is added. ``sinks[Hq]``: one more key per
     row whose logit is the sink (not scaled or capped) and whose value is zero.
-    Fully masked query rows return zeros (and lse = -inf, or the sink).
+    Fully masked query rows return zeros (and lse = -inf, or the sink). A bool mask keeps its
+    True keys (an additive 0 / -inf). ``layout="bshd"``: q, k, v and the result are [B, S, H, D].
     """
     import numbers
 
@@ -75,6 +91,8 @@ def _reference_attention(
     from ..reference import f64
 
     q, k, v = f64(q), f64(k), f64(v)
+    if layout == "bshd":
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     scale = 1.0 / np.sqrt(D) if scale is None else float(scale)
@@ -83,7 +101,8 @@ def _reference_attention(
     if softcap is not None:
         s = float(softcap) * np.tanh(s / float(softcap))
     if mask is not None:
-        s = s + np.broadcast_to(f64(mask), s.shape)
+        add = np.where(mask, 0.0, -np.inf) if np.asarray(mask).dtype == bool else f64(mask)
+        s = s + np.broadcast_to(add, s.shape)
     lens = np.full(B, Skv) if kv_len is None else np.asarray(kv_len).astype(np.int64)
     j = np.arange(Skv)
     diag = np.arange(Sq)[None, :, None] + (lens[:, None, None] - Sq)  # i' [B, Sq, 1]
@@ -113,6 +132,8 @@ def _reference_attention(
     l = p.sum(axis=-1, keepdims=True)
     out = np.einsum("bhqk,bhkd->bhqd", p / np.where(l > 0, l, 1.0), v)
     out = np.where((l > 0) | np.isnan(l), out, 0.0)
+    if layout == "bshd":
+        out = out.transpose(0, 2, 1, 3)
     if return_lse:
         with np.errstate(divide="ignore"):
             lse = np.where(l[..., 0] > 0,

@@ -18,7 +18,7 @@ log-sum-exp weights ``exp(m_s - max m)``. ``num_splits=None`` picks ``cube_cores
 
 Traffic (b = itemsize, R rows, n valid keys of a run tile, state row (Dv + 2)*4 B)::
 
-    1 kernel   read Q R*D*b per task + run tiles' K and V (n*(D+Dv)*b) [+ mask R*n*4];
+    1 kernel   read Q R*D*b per task + run tiles' K and V (n*(D+Dv)*b) [+ mask R*n*mb, mb its itemsize];
                write R*Dv*b [+ lse R*4] [+ sinks read R*4]
     split      kernel 1 writes R*(Dv+2)*4 per task instead of the output; kernel 2 (combine)
                reads num_splits*R*(Dv+2)*4 [+ sinks R*4] per block and writes R*Dv*b [+ R*4]
@@ -69,7 +69,7 @@ from .tiles import (
     tile_span,
     write_out,
 )
-from .validation import check_gqa, check_softcap, check_window, prepare, shapes_of
+from .validation import check_gqa, check_softcap, check_window, mask_itemsize, prepare, shapes_of
 
 COMBINE_ROW_OPS = 3  # per row and split: max, sub, exp of the weight
 COMBINE_ELEM_OPS = 2  # per output element and split: w*O_s and the add
@@ -128,7 +128,8 @@ def _flash_kernel(
     lse, want_lse : fp32 [B, Hq, Sq] log-sum-exp, written when want_lse (and n_split == 1)
     kv_len : int64 [B]; causal, left, right, scale, softcap : the validated options (the window's
     bounds, validation.check_window; softcap 0: none)
-    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    has_mask, mask, msb, msh, msi, msj : the flat mask as stored (tiles.mask_term), its (b, h, i, j)
+    element strides
     has_sinks, sinks : fp32 [Hq] sink logits (with split-KV the combine adds them)
     qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
     n_split : KV splits per block (> 1: partials to part_*, merged by :func:`_combine_kernel`)
@@ -198,7 +199,7 @@ def _flash_kernel(
                             mt, lt, ot, R, Dv)
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
-                    gm_read += R * n * 4
+                    gm_read += R * n * mask.itemsize
                 vector_ops += tile_vector_ops(R, n, Dv, has_mask, PV_STORAGE, softcap)
                 cube_flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
         for u in range(members):
@@ -362,9 +363,11 @@ def run_tiles(B, Hkv, G, Sq, Skv, qt, kv_tile, kv_len, causal, left=None, right=
 @memo_plan
 def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_tile=None,
                kv_tile=None, num_splits=None, return_lse=False, causal=False, kv_len=None,
-               has_mask=False, gqa="head_loop", window=None, softcap=None, has_sinks=False) -> Plan:
+               has_mask=False, gqa="head_loop", window=None, softcap=None, has_sinks=False,
+               mask_dtype="fp32") -> Plan:
     """Plan of :func:`flash` (shapes [B, H, S, D]; ``kv_len``/``causal``/``window`` decide the
-    skipped tiles; ``softcap`` (a value or None) and ``has_sinks`` add their vector work)."""
+    skipped tiles; ``softcap`` (a value or None) and ``has_sinks`` add their vector work;
+    ``mask_dtype``: the mask as stored, "fp32", "bf16", "fp16" or "bool", read at its itemsize)."""
     where = "attention.flash"
     prof = load_profile(profile)
     B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
@@ -372,6 +375,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
     causal, window, left, right = check_window(window, causal, Sq, Skv, where)
     cap = check_softcap(softcap, where)
     has_sinks = bool(has_sinks)
+    mb = mask_itemsize(mask_dtype, where)
     expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
@@ -388,7 +392,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
             ub_tile("ml_state_ub", Rmax, 32, "fp32", prof),  # tile m, l and state m, l
         ]
         if has_mask:
-            ub.append(ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
+            ub.append(ub_tile("mask_ub", Rmax, kv_tile, mask_dtype, prof))
         check_ub(where, ub, prof, hint)
         reduce_tile(ub[0], prof, where, hint)
         qk = cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
@@ -424,7 +428,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
                 hi = min(lo + per, t0 + Tb)
                 for t in range(lo, hi):
                     n = min(kv_tile, Skv - t * kv_tile)
-                    rd += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
+                    rd += n * (D + Dv) * b + (R * n * mb if has_mask else 0)
                     vec += tile_vector_ops(R, n, Dv, bool(has_mask), PV_STORAGE, cap)
                     flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
             if n_split == 1:
@@ -466,7 +470,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
           summary="fused flash kernel: state on-chip, masked tiles skipped, split-KV for decode")
 def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
           q_tile=None, kv_tile=None, num_splits=None, return_lse=False, window=None, softcap=None,
-          sinks=None, block_table=None, profile=None):
+          sinks=None, block_table=None, profile=None, layout="bhsd"):
     """Fused flash attention (see the module docstring). ``return_lse=True`` -> (out, lse fp32 [B, Hq, Sq]).
 
     ``block_table`` (int32 [B, max_blocks_per_seq], with ``kv_len``): k and v are paged caches
@@ -474,6 +478,8 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
 
     ``window``, ``softcap``, ``sinks``: see :func:`validation.validate` (sliding window, Gemma 2
     soft-capping, gpt-oss sinks); the lse includes the sink.
+    ``mask``: additive fp32/bf16/fp16 or bool (True = keep), broadcastable to [B, Hq, Sq, Skv];
+    ``layout``: "bhsd" or "bshd" ([B, S, H, D] q/k/v and result); see the package docstring.
     """
     where = "attention.flash"
     if not isinstance(return_lse, (bool, np.bool_)):
@@ -483,15 +489,15 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
 
         return paged_call("flash", q, k, v, block_table=block_table, kv_len=kv_len, scale=scale, causal=causal,
                           mask=mask, gqa=gqa, window=window, softcap=softcap, sinks=sinks, profile=profile,
-                          kv_tile=kv_tile, q_tile=q_tile, num_splits=num_splits, return_lse=return_lse)
+                          kv_tile=kv_tile, q_tile=q_tile, num_splits=num_splits, return_lse=return_lse, layout=layout)
     a, p = prepare(where, q, k, v, profile, lambda a: plan_flash(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, q_tile=q_tile, kv_tile=kv_tile,
         num_splits=num_splits, return_lse=return_lse, causal=a.causal, kv_len=a.kv_len,
         has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
-        sinks=sinks, options=(q_tile, kv_tile, num_splits, return_lse))
+        sinks=sinks, options=(q_tile, kv_tile, num_splits, return_lse), layout=layout)
     kvt, qt, n_split = p.params["kv_tile"], p.params["q_tile"], p.params["num_splits"]
-    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    out, out_k = a.empty_out()
     lse = np.empty((a.B, a.Hq, a.Sq), np.float32)
     want = bool(return_lse)
     with Launch(p, a.shapes) as run:

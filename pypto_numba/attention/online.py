@@ -16,7 +16,7 @@ last tile reads it and writes the output). Sinks join the state after the last t
 Traffic (b = itemsize, R = G*qv rows, n_t walked tiles (ceil(Skv/kv_tile) without a window),
 state row = (Dv + 2)*4 B)::
 
-    read   per task: Q R*D*b + n_t tiles of K (n*D*b) and V (n*Dv*b) [+ mask R*n*4]
+    read   per task: Q R*D*b + n_t tiles of K (n*D*b) and V (n*Dv*b) [+ mask R*n*mb, mb its itemsize]
            + state R*(Dv+2)*4 at tiles 1..n_t-1 [+ sinks R*4]
     write  per task: state R*(Dv+2)*4 at tiles 0..n_t-2, output R*Dv*b
     workspace  B*Hq*Sq*(Dv+2)*4 (0 when n_t = 1)
@@ -65,7 +65,7 @@ from .tiles import (
     tile_vector_ops,
     write_out,
 )
-from .validation import PV_CODE, check_gqa, check_pv, check_softcap, check_window, prepare, shapes_of
+from .validation import PV_CODE, check_gqa, check_pv, check_softcap, check_window, mask_itemsize, prepare, shapes_of
 
 # the kernel's per-thread scratch regions, in slab order (scratch_layout gives their bounds)
 _SCRATCH = Regions("q_blocks", "scores", "p_hi", "p_lo", "o_tile", "o_lo", "m_tile", "l_tile", "dot_results")
@@ -112,7 +112,8 @@ def _online_kernel(
     q, k, v, out : kernel views [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, Dv], [B, Hq, Sq, Dv]
     kv_len : int64 [B]; causal, left, right, scale, softcap : the validated options (the window's
     bounds, validation.check_window; softcap 0: none)
-    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its (b, h, i, j) element strides
+    has_mask, mask, msb, msh, msi, msj : the flat mask as stored (tiles.mask_term), its (b, h, i, j)
+    element strides
     has_sinks, sinks : fp32 [Hq] sink logits
     qt, qg, kv_tile : query positions per tile, query tiles per CPU task, keys per KV tile
     pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32 (tiles.py)
@@ -180,7 +181,7 @@ def _online_kernel(
                         ot[i] += ot2[i]
                 gm_read += n * D * b_sz + n * Dv * b_sz
                 if has_mask:
-                    gm_read += R * n * 4
+                    gm_read += R * n * mask.itemsize
                 if t == lo:  # is_loop_begin: the tile's state becomes the running state
                     for r in range(R):
                         ms[r] = mt[r]
@@ -228,9 +229,10 @@ def scratch_layout(Rmax, D, Dv, kv_tile, qg=1):
 @memo_plan
 def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, kv_tile=None,
                 q_tile=None, pv="storage", causal=False, kv_len=None, has_mask=False,
-                gqa="head_loop", window=None, softcap=None, has_sinks=False) -> Plan:
+                gqa="head_loop", window=None, softcap=None, has_sinks=False, mask_dtype="fp32") -> Plan:
     """Plan of :func:`online` (shapes [B, H, S, D]; no data needed; kv_len shapes the walked tiles
-    only with a window; ``softcap`` (a value or None) and ``has_sinks`` add their vector work)."""
+    only with a window; ``softcap`` (a value or None) and ``has_sinks`` add their vector work;
+    ``mask_dtype``: the mask as stored, "fp32", "bf16", "fp16" or "bool", read at its itemsize)."""
     where = "attention.online"
     prof = load_profile(profile)
     B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
@@ -239,6 +241,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
     causal, window, left, right = check_window(window, causal, Sq, Skv, where)
     cap = check_softcap(softcap, where)
     has_sinks = bool(has_sinks)
+    mb = mask_itemsize(mask_dtype, where)
     expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
@@ -258,7 +261,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
         if pv == "compensated":
             ub.append(ub_tile("p_lo_ub", Rmax, kv_tile, dtype, prof))
         if has_mask:
-            ub.append(ub_tile("mask_ub", Rmax, kv_tile, "fp32", prof))
+            ub.append(ub_tile("mask_ub", Rmax, kv_tile, mask_dtype, prof))
         check_ub(where, ub, prof, hint)
         reduce_tile(ub[0], prof, where, hint)
         qk = cube_buffers(where, Rmax, D, kv_tile, dtype, dtype, prof, hint)
@@ -297,7 +300,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
             per_vec += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
         for t in range(t0, t1):
             n = min(kv_tile, Skv - t * kv_tile)
-            per_read += n * (D + Dv) * b + (R * n * 4 if has_mask else 0)
+            per_read += n * (D + Dv) * b + (R * n * mb if has_mask else 0)
             per_vec += tile_vector_ops(R, n, Dv, bool(has_mask), pv_mode, cap)
             per_flops += tile_cube_flops(R, n, D, Dv, pv_mode)
         gm_read += count * Hkv * per_read
@@ -317,7 +320,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
           summary="online softmax over KV tiles, state in GM workspace (PyPTO decode)")
 def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
            kv_tile=None, q_tile=None, pv="storage", window=None, softcap=None, sinks=None, block_table=None,
-           profile=None):
+           profile=None, layout="bhsd"):
     """Attention by online softmax over ``kv_tile`` KV tiles (see the module docstring).
 
     ``pv``: "storage" rounds P to the storage dtype before P@V (the NPU), "compensated" adds a
@@ -325,6 +328,8 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
     ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`. ``block_table`` (int32
     [B, max_blocks_per_seq], with ``kv_len``): k and v are paged caches [num_blocks, block_size,
     Hkv, D] (paged.py).
+    ``mask``: additive fp32/bf16/fp16 or bool (True = keep), broadcastable to [B, Hq, Sq, Skv];
+    ``layout``: "bhsd" or "bshd" ([B, S, H, D] q/k/v and result); see the package docstring.
     """
     where = "attention.online"
     if block_table is not None:
@@ -332,14 +337,14 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
 
         return paged_call("online", q, k, v, block_table=block_table, kv_len=kv_len, scale=scale, causal=causal,
                           mask=mask, gqa=gqa, window=window, softcap=softcap, sinks=sinks, profile=profile,
-                          kv_tile=kv_tile, q_tile=q_tile, pv=pv)
+                          kv_tile=kv_tile, q_tile=q_tile, pv=pv, layout=layout)
     a, p = prepare(where, q, k, v, profile, lambda a: plan_online(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, kv_tile=kv_tile, q_tile=q_tile, pv=pv,
         causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
-        sinks=sinks, options=(kv_tile, q_tile, pv))
+        sinks=sinks, options=(kv_tile, q_tile, pv), layout=layout)
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
-    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    out, out_k = a.empty_out()
     with Launch(p, a.shapes) as run:
         kk, vk = run_expand(a, run)
         Hkv = kk.shape[1]

@@ -61,11 +61,13 @@ from .validation import (
     PV_CODE,
     Args,
     check_kv_len,
+    check_layout,
     check_mask,
     check_scale,
     check_sinks,
     check_softcap,
     check_window,
+    in_layout,
 )
 
 TABLE_ENTRY_BYTES = 4  # one int32 block-table entry
@@ -209,7 +211,7 @@ def _paged_flash_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
                             mt, lt, ot, R, Dv)
                 gm_read += nread * (D + Dv) * b_sz
                 if has_mask:
-                    gm_read += R * n * 4
+                    gm_read += R * n * mask.itemsize
                 vector_ops += tile_vector_ops(R, n, Dv, has_mask, PV_STORAGE, softcap)
                 cube_flops += tile_cube_flops(R, n, D, Dv, PV_STORAGE)
         for u in range(members):
@@ -326,7 +328,7 @@ def _paged_online_kernel(q, k, v, table, bs, Skv, out, kv_len, causal, left, rig
                         ot[i] += ot2[i]
                 gm_read += nread * (D + Dv) * b_sz
                 if has_mask:
-                    gm_read += R * n * 4
+                    gm_read += R * n * mask.itemsize
                 if t == lo:
                     for r in range(R):
                         ms[r] = mt[r]
@@ -358,12 +360,13 @@ def _paged_online_kernel(q, k, v, table, bs, Skv, out, kv_len, causal, left, rig
 
 
 def validate_paged(q, k_cache, v_cache, where, *, block_table, kv_len, scale, causal, mask, gqa, window,
-                   softcap, sinks):
+                   softcap, sinks, layout="bhsd"):
     """-> (:class:`validation.Args` of the logical dense call, int32 table, block_size).
 
     ``block_table``: int32 ``[B, max_blocks_per_seq]`` (int64 is accepted and converted, its
     values must fit int32); only the entries of the pages below ``kv_len[b]`` are read and checked,
-    the others (padding, e.g. -1) are ignored. ``kv_len`` is required."""
+    the others (padding, e.g. -1) are ignored. ``kv_len`` is required. ``layout`` is q's and the
+    result's ("bshd": ``[B, Sq, Hq, D]``); the caches keep vLLM's layout."""
     if not isinstance(block_table, np.ndarray):
         raise DTypeError(f"{where}: block_table must be a numpy int32 array [B, max_blocks_per_seq], got "
                          f"{type(block_table).__name__}; use numpy.asarray(block_table, numpy.int32)")
@@ -372,7 +375,7 @@ def validate_paged(q, k_cache, v_cache, where, *, block_table, kv_len, scale, ca
                          f"{block_table.dtype}; convert with block_table.astype(numpy.int32)")
     kc = inputs.tensor(k_cache, "k_cache", where, min_rank=4, max_rank=4)
     vc = inputs.tensor(v_cache, "v_cache", where, min_rank=4, max_rank=4)
-    qt = inputs.tensor(q, "q", where, min_rank=4, max_rank=4)
+    qt = in_layout(inputs.tensor(q, "q", where, min_rank=4, max_rank=4), check_layout(layout, where))
     B, Hq, Sq, D = qt.shape
     NB, bs, Hkv, Dk = kc.shape
     if vc.shape[:3] != kc.shape[:3]:
@@ -414,6 +417,7 @@ def validate_paged(q, k_cache, v_cache, where, *, block_table, kv_len, scale, ca
         raise ConstraintError(f"{where}: a paged call runs gqa='head_loop' only (got {gqa!r}); the query "
                               f"heads of a KV head read each loaded tile; drop gqa or pass gqa='head_loop'")
     a = Args()
+    a.layout = layout
     a.dtype = inputs.same_dtype(where, q=qt, k_cache=kc, v_cache=vc)
     a.q, a.k, a.v = qt, kc, vc
     a.B, a.Hq, a.Hkv, a.Sq, a.Skv, a.D, a.Dv, a.G = B, Hq, Hkv, Sq, Skv, D, vc.shape[3], Hq // Hkv
@@ -423,7 +427,7 @@ def validate_paged(q, k_cache, v_cache, where, *, block_table, kv_len, scale, ca
         raise ConstraintError(f"{where}: causal must be True or False, got {causal!r}")
     a.causal, a.window, a.left, a.right = check_window(window, bool(causal), Sq, Skv, where)
     a.kv_len, a.kv_len_given = lens, True
-    a.has_mask, a.mask_flat, a.mask_strides = check_mask(mask, (B, Hq, Sq, Skv), where)
+    a.has_mask, a.mask_flat, a.mask_strides, a.mask_dtype = check_mask(mask, (B, Hq, Sq, Skv), where)
     a.gqa = gqa
     a.softcap = check_softcap(softcap, where)
     a.has_sinks, a.sinks = check_sinks(sinks, Hq, where)
@@ -507,12 +511,12 @@ def _tile_buffers(kv_tile, D, Dv, kdtype, Rmax):
 
 def paged_call(strategy, q, k_cache, v_cache, *, block_table, kv_len, scale, causal, mask, gqa, window,
                softcap, sinks, profile, kv_tile=None, q_tile=None, num_splits=None, return_lse=False,
-               pv="storage"):
+               pv="storage", layout="bhsd"):
     """The paged path of :func:`flash.flash` and :func:`online.online` (their ``block_table=``)."""
     where = f"attention.{strategy}"
     a, table, bs = validate_paged(q, k_cache, v_cache, where, block_table=block_table, kv_len=kv_len,
                                   scale=scale, causal=causal, mask=mask, gqa=gqa, window=window,
-                                  softcap=softcap, sinks=sinks)
+                                  softcap=softcap, sinks=sinks, layout=layout)
     opts = dict(kv_tile=kv_tile, q_tile=q_tile, causal=a.causal, has_mask=a.has_mask, **a.plan_options())
     if strategy == "flash":
         opts.update(num_splits=num_splits, return_lse=return_lse)
@@ -523,7 +527,7 @@ def paged_call(strategy, q, k_cache, v_cache, *, block_table, kv_len, scale, cau
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
     Rmax = a.G * qt
     nq = -(-a.Sq // qt)
-    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    out, out_k = a.empty_out()
     kk, vk = a.k.kview, a.v.kview
     kbuf, vbuf, ktbuf = _tile_buffers(kvt, a.D, a.Dv, kk.dtype, Rmax)
     msb, msh, msi, msj = a.mask_strides

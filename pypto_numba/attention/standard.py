@@ -6,7 +6,7 @@ Three kernels (b = itemsize, rows = B*Hq*Sq, nq query tiles per (batch, KV head)
              read Q rows*D*b + K nq*B*Hkv*Skv*D*b (re-read per query tile), write rows*Skv*4
     softmax  vector, tasks rows (one whole score row in UB): scale, [soft-cap,] mask, max, exp,
              sum [+ the sink column], divide, P in the storage dtype -> GM workspace
-             read rows*Skv*4 [+ mask rows*Skv*4] [+ sinks rows*4], write rows*Skv*b
+             read rows*Skv*4 [+ mask rows*Skv*mb, mb its itemsize] [+ sinks rows*4], write rows*Skv*b
     pv       cube,   tasks B*Hkv: O = P V (fp32 accumulation), one cast
              read P rows*Skv*b + V nq*B*Hkv*Skv*Dv*b, write rows*Dv*b
     workspace  rows*Skv*(4 + b)
@@ -44,11 +44,12 @@ from .tiles import (
     SOFTCAP_OPS,
     key_range,
     load_q_block,
+    mask_term,
     packed_keys,
     tile_pv,
     tile_scores,
 )
-from .validation import check_gqa, check_softcap, check_window, prepare, shapes_of
+from .validation import check_gqa, check_softcap, check_window, mask_itemsize, prepare, shapes_of
 
 ROW_OPS = 7  # per score element: scale, max, sub, exp, sum, divide, cast (+1 with a mask)
 SINK_OPS = 4  # per row with a sink: max, sub, exp, add to the sum
@@ -120,7 +121,7 @@ def _scores_kernel(q, k, s_ws, qt, kt, scratch, scratch_at):
 def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has_mask, mask, msb, msh, msi,
                     msj, has_sinks, sinks):
     """P = softmax(S*scale + mask) per whole score row, rounded to ``p_ws``'s storage dtype
-    (``mask``: flat fp32 with element strides msb, msh, msi, msj) over the row's allowed keys
+    (``mask``: flat, as stored (tiles.mask_term), element strides msb, msh, msi, msj) over the row's allowed keys
     (tiles.key_range; ``left``/``right``: the window); ``softcap`` > 0 caps ``S*scale`` first,
     ``sinks[h]`` joins the max and the sum as a column with no value."""
     B, Hq, Sq, Skv = s_ws.shape
@@ -146,14 +147,14 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has
                 x = srow[j] * scale
                 x = softcap * vtanh(x / softcap)
                 if has_mask:
-                    x += mask[mbase + j * msj]
+                    x += mask_term(mask[mbase + j * msj])
                 srow[j] = x
                 m = max(m, x)
         else:
             for j in range(lo, c):
                 x = srow[j] * scale
                 if has_mask:
-                    x += mask[mbase + j * msj]
+                    x += mask_term(mask[mbase + j * msj])
                 srow[j] = x
                 m = max(m, x)
         if m == NEG_INF:  # all allowed scores -inf, or NaN (max skips NaN): NaN propagates
@@ -183,7 +184,7 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has
                 prow[j] = dtypes.narrow(prow, np.float32(0.0))
         gm_read += Skv * 4
         if has_mask:
-            gm_read += Skv * 4
+            gm_read += Skv * mask.itemsize
         gm_write += Skv * b_sz
         vector_ops += Skv * (ROW_OPS + (1 if has_mask else 0) + (SOFTCAP_OPS if softcap > 0 else 0))
         if has_sinks:
@@ -262,16 +263,18 @@ def _pv_kernel(p_ws, v, out, kv_len, causal, left, right, qt, scratch, scratch_a
 @memo_plan
 def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, causal=False,
                   kv_len=None, has_mask=False, gqa="head_loop", window=None, softcap=None,
-                  has_sinks=False) -> Plan:
+                  has_sinks=False, mask_dtype="fp32") -> Plan:
     """Plan of :func:`standard`; TileError when a whole score row does not fit UB. Whole rows:
     a ``window`` masks keys but reads and writes every score; ``softcap`` (a value or None) and
-    ``has_sinks`` add their vector work."""
+    ``has_sinks`` add their vector work; ``mask_dtype``: the mask as stored ("fp32", "bf16",
+    "fp16" or "bool"), read at its itemsize."""
     where = "attention.standard"
     prof = load_profile(profile)
     B, Hq, Sq, D, Hkv, Skv, Dv = shapes_of(q_shape, k_shape, v_shape, where)
     check_gqa(gqa, where)
     causal, window, _, _ = check_window(window, causal, Sq, Skv, where)
     cap = check_softcap(softcap, where)
+    mb = mask_itemsize(mask_dtype, where)
     expand = expand_plans(B, Hq, Hkv, Skv, D, Dv, dtype, prof, gqa)
     if expand:
         Hkv = Hq
@@ -292,7 +295,7 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
         ub_tile("p_row_ub", 1, Skv, dtype, prof),
     ]
     if has_mask:
-        row_ub.append(ub_tile("mask_row_ub", 1, Skv, "fp32", prof))
+        row_ub.append(ub_tile("mask_row_ub", 1, Skv, mask_dtype, prof))
     need = sum(x.nbytes for x in row_ub)
     if need > prof.ub_bytes:
         raise TileError(
@@ -312,7 +315,7 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
                     gm_write_bytes=rows * Skv * 4, workspace_bytes=rows * Skv * 4,
                     cube_flops=2 * rows * Skv * D)
     k2 = KernelPlan(name="softmax", unit="vector", tasks=rows, buffers=tuple(row_ub),
-                    gm_read_bytes=rows * Skv * 4 * (2 if has_mask else 1) + (rows * 4 if has_sinks else 0),
+                    gm_read_bytes=rows * Skv * (4 + (mb if has_mask else 0)) + (rows * 4 if has_sinks else 0),
                     gm_write_bytes=rows * Skv * b, workspace_bytes=rows * Skv * b,
                     vector_ops=rows * Skv * (ROW_OPS + (1 if has_mask else 0) + (SOFTCAP_OPS if cap > 0 else 0))
                     + (rows * SINK_OPS if has_sinks else 0))
@@ -330,11 +333,13 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
 @register("attention", "standard", plan=plan_standard,
           summary="whole-row softmax, scores and P in GM workspace (3 kernels)")
 def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", window=None,
-             softcap=None, sinks=None, block_table=None, profile=None):
+             softcap=None, sinks=None, block_table=None, profile=None, layout="bhsd"):
     """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V.
 
     ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`. ``block_table``: refused
     (a paged cache runs on online or flash).
+    ``mask``: additive fp32/bf16/fp16 or bool (True = keep), broadcastable to [B, Hq, Sq, Skv];
+    ``layout``: "bhsd" or "bshd" ([B, S, H, D] q/k/v and result); see the package docstring.
     """
     where = "attention.standard"
     if block_table is not None:
@@ -344,9 +349,9 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, causal=a.causal, kv_len=a.kv_len,
         has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
-        sinks=sinks)
+        sinks=sinks, layout=layout)
     qt = p.params["q_tile"]
-    out, out_k = dtypes.empty((a.B, a.Hq, a.Sq, a.Dv), a.dtype)
+    out, out_k = a.empty_out()
     with Launch(p, a.shapes) as run:
         kk, vk = run_expand(a, run)
         G = a.Hq // kk.shape[1]

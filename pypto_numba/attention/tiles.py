@@ -42,15 +42,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from ..machine import cube, dtypes
 from ..machine.jit import device, kernel
-from ..machine.tile import aligned_empty, prefetch_row
+from ..machine.tile import aligned_empty
 from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
 from ..machine.vmath import rowmax as vrowmax  # the vector unit's row max (skips NaN)
 from ..machine.vmath import softmax_exp as vsoftmax_exp  # exp(s - m) -> P, and its sum
 from ..machine.vmath import tanh as vtanh  # the vector unit's tanh (soft-capping)
+from .strided import flat_rows, key_row, pack_keys_strided, prefetch_key
 
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows (prefill) use cube.outer_rows for QK^T and PV
 PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
@@ -76,6 +78,22 @@ SOFTCAP_OPS = 3
 # the sink joins a row's state like a tile (MERGE_ROW_OPS), and scales its output (1 per element)
 SINK_ROW_OPS = MERGE_ROW_OPS
 SINK_ELEM_OPS = 1
+
+
+def mask_term(m):
+    """The additive score term of mask element ``m`` (the kernels read the mask as stored): a
+    bool keeps its key (True: 0) or drops it (False: -inf), torch SDPA's convention; an fp32,
+    bf16 or fp16 value (kernel view) is added as its fp32 value."""
+    if isinstance(m, (bool, np.bool_)):
+        return np.float32(0.0) if m else NEG_INF
+    return dtypes.widen(m)
+
+
+@overload(mask_term, jit_options={"forceinline": True})
+def _mask_term_impl(m):
+    if isinstance(m, types.Boolean):
+        return lambda m: np.float32(0.0) if m else NEG_INF
+    return lambda m: dtypes.widen(m)
 
 
 @device
@@ -114,7 +132,7 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
     un = np.uint64(n)
     nv = uD // np.uint64(cube.DOT4X4_LANES)
     dv = nv * np.uint64(cube.DOT4X4_LANES)
-    kbase = ((ub * np.uint64(k.shape[1]) + uh) * np.uint64(k.shape[2]) + np.uint64(j0)) * uD  # flat k[b, h, j0, 0]
+    kbase, uks = key_row(k, b, h, j0)  # flat k[b, h, j0, 0], and the key stride (strided.py)
     n4 = n - n % 4
     n2 = n - n % 2
     r = 0
@@ -124,10 +142,10 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
         for jj in range(0, n4, 4):
             if r == 0:
                 for e in range(4):
-                    prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS + e)
+                    prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS + e)
             j = np.uint64(jj)
-            kj = kbase + j * uD
-            cube.dot4x4(qf, q0, uD, k, kj, uD, nv, res)
+            kj = kbase + j * uks
+            cube.dot4x4(qf, q0, uD, k, kj, uks, nv, res)
             for i in range(np.uint64(4)):
                 qi = q0 + i * uD
                 for e in range(np.uint64(4)):
@@ -149,8 +167,8 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
         s0 = np.uint64(r * n)
         for jj in range(0, n2, 2):
             if r == 0:  # R < 4: this row leads
-                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS)
-                prefetch_row(k, b, h, j0 + jj + PREFETCH_ROWS + 1)
+                prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS)
+                prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS + 1)
             ja = np.uint64(j0 + jj)
             jb = ja + np.uint64(1)
             a0 = np.float32(0.0)
@@ -182,8 +200,8 @@ def tile_pv(p, R, n, v, b, h, j0, o, use_gemm, nmax):
     if use_gemm:
         # only the nmax keys some row may attend: V past kv_len may hold anything (a cache slot
         # never written), and 0 * inf would be NaN
-        row = (b * v.shape[1] + h) * v.shape[2] + j0  # flat row of v[b, h, j0]
-        cube.outer_rows(o, 0, Dv, p, 0, n, v, np.uint64(row) * np.uint64(Dv), Dv, R, Dv, nmax)
+        row, uvs = key_row(v, b, h, j0)  # flat v[b, h, j0, 0], and the key stride (strided.py)
+        cube.outer_rows(o, 0, Dv, p, 0, n, flat_rows(v), row, uvs, R, Dv, nmax)
         return
     for i in range(R * Dv):
         o[i] = np.float32(0.0)
@@ -203,7 +221,7 @@ def tile_pv(p, R, n, v, b, h, j0, o, use_gemm, nmax):
         for jj in range(0, j4, 4):
             if r == 0:
                 for e in range(4):
-                    prefetch_row(v, b, h, j0 + jj + PREFETCH_ROWS + e)
+                    prefetch_key(v, b, h, j0 + jj + PREFETCH_ROWS + e)
             ja = np.uint64(j0 + jj)
             jb = ja + np.uint64(1)
             jc = ja + np.uint64(2)
@@ -240,7 +258,7 @@ def tile_pv(p, R, n, v, b, h, j0, o, use_gemm, nmax):
         for jj in range(0, j4, 4):
             if r == 0:  # R < 4: this row leads
                 for e in range(4):
-                    prefetch_row(v, b, h, j0 + jj + PREFETCH_ROWS + e)
+                    prefetch_key(v, b, h, j0 + jj + PREFETCH_ROWS + e)
             ja = np.uint64(j0 + jj)
             jb = ja + np.uint64(1)
             jc = ja + np.uint64(2)
@@ -335,7 +353,7 @@ def tile_softmax(
     b, kvh, G, i0, qv : batch, KV head, query heads per KV head, first query position, positions
     Sq, Skv, kv_len, causal, left, right : what decides the allowed keys (:func:`key_range`)
     scale, softcap : the scale, and the soft-cap c (0: none; else ``c * tanh(s / c)`` after the scale)
-    has_mask, mask, msb, msh, msi, msj : the flat fp32 mask and its strides
+    has_mask, mask, msb, msh, msi, msj : the flat mask as stored (:func:`mask_term`) and its strides
     mt, lt : the tile's row max and row sum (out)
     ph, pl : P, and the rounding residual for PV_COMPENSATED (out)
     pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32
@@ -358,14 +376,14 @@ def tile_softmax(
                 x = s[base + np.uint64(j)] * scale
                 x = softcap * vtanh(x / softcap)
                 if has_mask:
-                    x += mask[mbase + j * msj]
+                    x += mask_term(mask[mbase + j * msj])
                 s[base + np.uint64(j)] = x
         elif has_mask:
             g = r // qv
             i = i0 + r - g * qv
             mbase = b * msb + (kvh * G + g) * msh + i * msi + j0 * msj
             for j in range(lo, c):
-                s[base + np.uint64(j)] = s[base + np.uint64(j)] * scale + mask[mbase + j * msj]
+                s[base + np.uint64(j)] = s[base + np.uint64(j)] * scale + mask_term(mask[mbase + j * msj])
         else:
             for j in range(ul, uc):
                 s[base + j] = s[base + j] * scale
@@ -565,6 +583,6 @@ def packed_keys(k, width: int, rows: int):
     # on 64-byte lines: the blocks load K^T in whole vectors, and one that straddles two lines
     # costs twice (NumPy aligns to 16 bytes only)
     kt, _ = aligned_empty((B * H * nt * D * width,), "fp32")
-    with cube.dynamic_tasks(1):
-        _pack_keys_kernel(k, width, kt)
+    with cube.dynamic_tasks(1):  # a layout="bshd" view: the same tiles read by 4-D index
+        (_pack_keys_kernel if k.flags.c_contiguous else pack_keys_strided)(k, width, kt)
     return kt

@@ -22,25 +22,53 @@ class Args:
     """Validated attention inputs and options."""
 
     __slots__ = ("q", "k", "v", "dtype", "B", "Hq", "Hkv", "Sq", "Skv", "D", "Dv", "G", "scale",
-                 "causal", "kv_len", "kv_len_given", "has_mask", "mask_flat", "mask_strides", "gqa",
-                 "window", "left", "right", "softcap", "has_sinks", "sinks", "copied_bytes")
+                 "causal", "kv_len", "kv_len_given", "has_mask", "mask_flat", "mask_strides", "mask_dtype", "gqa",
+                 "window", "left", "right", "softcap", "has_sinks", "sinks", "copied_bytes", "layout")
 
     @property
     def shapes(self):
         return (self.q.shape, self.k.shape, self.v.shape)
 
     def plan_options(self) -> dict:
-        """The window, soft-cap and sink options as the plans take them."""
+        """The window, soft-cap, sink and mask-dtype options as the plans take them."""
         return {"window": self.window, "softcap": float(self.softcap) if self.softcap > 0 else None,
-                "has_sinks": self.has_sinks}
+                "has_sinks": self.has_sinks, "mask_dtype": self.mask_dtype}
 
     def with_arrays(self, q, k, v) -> "Args":
         """These arguments for other q, k, v of the same shapes, strides and dtypes (contiguous)."""
         a = Args()
         for name in Args.__slots__:
             setattr(a, name, getattr(self, name))
-        a.q, a.k, a.v = (inputs.Tensor(x, self.dtype, dtypes.kernel_view(x), 0) for x in (q, k, v))
+        a.q, a.k, a.v = (in_layout(inputs.Tensor(x, self.dtype, dtypes.kernel_view(x), 0), self.layout)
+                         for x in (q, k, v))
         return a
+
+    def empty_out(self, Dv=None):
+        """-> (the result array in the call's layout, its kernel view as [B, Hq, Sq, Dv])."""
+        Dv = self.Dv if Dv is None else Dv
+        if self.layout == "bshd":
+            out, out_k = dtypes.empty((self.B, self.Sq, self.Hq, Dv), self.dtype)
+            return out, out_k.transpose(0, 2, 1, 3)
+        return dtypes.empty((self.B, self.Hq, self.Sq, Dv), self.dtype)
+
+
+LAYOUTS = ("bhsd", "bshd")
+
+
+def check_layout(layout, where):
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ConstraintError(f"{where}: layout must be 'bhsd' (q [B, Hq, Sq, D], the default, torch SDPA's) or "
+                              f"'bshd' (q [B, Sq, Hq, D], Hugging Face's and flash-attn's), got {layout!r}; "
+                              f"k, v and the result use the same layout")
+    return layout
+
+
+def in_layout(t, layout):
+    """A validated [B, S, H, D] tensor (layout "bshd") as its [B, H, S, D] view, no copy: the
+    kernels index the transposed view (strided.py); "bhsd" tensors as they are."""
+    if layout != "bshd":
+        return t
+    return inputs.Tensor(t.array.transpose(0, 2, 1, 3), t.dtype, t.kview.transpose(0, 2, 1, 3), t.copied_bytes)
 
 
 # Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
@@ -48,29 +76,29 @@ class Args:
 _CALLS = CallMemo()
 
 
-def _full(where, q, k, v, plan, scale, causal, kv_len, mask, gqa, window, softcap, sinks):
+def _full(where, q, k, v, plan, scale, causal, kv_len, mask, gqa, window, softcap, sinks, layout):
     a = validate(q, k, v, where, scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa,
-                 window=window, softcap=softcap, sinks=sinks)
+                 window=window, softcap=softcap, sinks=sinks, layout=layout)
     return (a, plan(a)), a, a.copied_bytes
 
 
 def prepare(where, q, k, v, profile, plan, *, scale, causal, kv_len, mask, gqa, window=None, softcap=None,
-            sinks=None, options=()):
+            sinks=None, options=(), layout="bhsd"):
     """-> (:class:`Args`, plan) of a call: validated in full (``plan(args)`` builds the plan), or,
     for a call with the signature of an earlier one, that call's with this call's arrays.
 
     The signature: q, k, v by shape, strides and dtype, the options, ``kv_len`` and ``sinks`` by
     value, the profile. A call with a ``mask`` (data) or a non-contiguous input (copied) keeps nothing."""
     key = None if mask is not None else _CALLS.key(
-        profile, (q, k, v), (where, scale, causal, kv_len, gqa, window, softcap, sinks, options))
+        profile, (q, k, v), (where, scale, causal, kv_len, gqa, window, softcap, sinks, options, layout))
 
     (a, p), fresh, _ = _CALLS.through(key, _full, where, q, k, v, plan, scale, causal, kv_len, mask, gqa,
-                                      window, softcap, sinks)
+                                      window, softcap, sinks, layout)
     return (a if fresh is not None else a.with_arrays(q, k, v)), p
 
 
 def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
-             window=None, softcap=None, sinks=None) -> Args:
+             window=None, softcap=None, sinks=None, layout="bhsd") -> Args:
     """The checked arguments of an attention call.
 
     Options beyond the shared ones (API.md):
@@ -81,25 +109,32 @@ def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None
     - ``softcap``: a finite ``c > 0``: scores become ``c * tanh(s / c)`` after the scale, before
       the masks (Gemma 2);
     - ``sinks``: float32 ``[Hq]``, one logit per query head joining every row's softmax as a
-      column with no value (not scaled, not capped; in the row max and the lse; gpt-oss).
+      column with no value (not scaled, not capped; in the row max and the lse; gpt-oss);
+    - ``mask``: see :func:`check_mask` (additive fp32/bf16/fp16 or bool, True = keep);
+    - ``layout``: "bhsd" (``[B, H, S, D]``) or "bshd" (``[B, S, H, D]``, Hugging Face's) for q,
+      k, v and the result; a "bshd" array is read in place through its transposed view (shape
+      errors show that view, and say so).
     """
     a = Args()
-    qt = inputs.tensor(q, "q", where, min_rank=4, max_rank=4)
-    kt = inputs.tensor(k, "k", where, min_rank=4, max_rank=4)
-    vt = inputs.tensor(v, "v", where, min_rank=4, max_rank=4)
+    a.layout = check_layout(layout, where)
+    qt = in_layout(inputs.tensor(q, "q", where, min_rank=4, max_rank=4), a.layout)
+    kt = in_layout(inputs.tensor(k, "k", where, min_rank=4, max_rank=4), a.layout)
+    vt = in_layout(inputs.tensor(v, "v", where, min_rank=4, max_rank=4), a.layout)
     a.dtype = inputs.same_dtype(where, q=qt, k=kt, v=vt)
     B, Hq, Sq, D = qt.shape
     Bk, Hkv, Skv, Dk = kt.shape
     Bv, Hv, Sv, Dv = vt.shape
+    note = ("" if a.layout == "bhsd"
+            else " (layout='bshd': shapes shown as the [B, H, S, D] views of the [B, S, H, D] inputs)")
     if Bk != B or Bv != B:
-        raise ShapeError(f"{where}: batch sizes differ: q {qt.shape}, k {kt.shape}, v {vt.shape}")
+        raise ShapeError(f"{where}: batch sizes differ: q {qt.shape}, k {kt.shape}, v {vt.shape}{note}")
     if Dk != D:
-        raise ShapeError(f"{where}: head dim of k ({Dk}) differs from q ({D}); q {qt.shape}, k {kt.shape}")
+        raise ShapeError(f"{where}: head dim of k ({Dk}) differs from q ({D}); q {qt.shape}, k {kt.shape}{note}")
     if Hv != Hkv or Sv != Skv:
-        raise ShapeError(f"{where}: k {kt.shape} and v {vt.shape} must share [B, Hkv, Skv]")
+        raise ShapeError(f"{where}: k {kt.shape} and v {vt.shape} must share [B, Hkv, Skv]{note}")
     if Hq % Hkv:
         raise ShapeError(
-            f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0)"
+            f"{where}: Hq={Hq} is not a multiple of Hkv={Hkv} (GQA needs Hq % Hkv == 0){note}"
         )
     a.q, a.k, a.v = qt, kt, vt
     a.B, a.Hq, a.Hkv, a.Sq, a.Skv, a.D, a.Dv, a.G = B, Hq, Hkv, Sq, Skv, D, Dv, Hq // Hkv
@@ -109,7 +144,7 @@ def validate(q, k, v, where, *, scale=None, causal=False, kv_len=None, mask=None
         raise ConstraintError(f"{where}: causal must be True or False, got {causal!r}")
     a.causal, a.window, a.left, a.right = check_window(window, bool(causal), Sq, Skv, where)
     a.kv_len, a.kv_len_given = check_kv_len(kv_len, B, Skv, where)
-    a.has_mask, a.mask_flat, a.mask_strides = check_mask(mask, (B, Hq, Sq, Skv), where)
+    a.has_mask, a.mask_flat, a.mask_strides, a.mask_dtype = check_mask(mask, (B, Hq, Sq, Skv), where)
     a.gqa = check_gqa(gqa, where)
     a.softcap = check_softcap(softcap, where)
     a.has_sinks, a.sinks = check_sinks(sinks, Hq, where)
@@ -219,34 +254,57 @@ def check_kv_len(kv_len, B, Skv, where):
     return np.array(arr, dtype=np.int64), True  # a copy: a kept call must not see later writes
 
 
+MASK_DTYPES = ("fp32", "bf16", "fp16", "bool")  # how a mask may be stored (plans: ``mask_dtype``)
+
+
+def mask_itemsize(mask_dtype, where):
+    """Bytes per mask element the kernels read (the mask as stored: nothing is widened in GM)."""
+    if mask_dtype not in MASK_DTYPES:
+        raise ConstraintError(f"{where}: mask_dtype must be one of {MASK_DTYPES}, got {mask_dtype!r}")
+    return 1 if mask_dtype == "bool" else dtypes.itemsize(mask_dtype)
+
+
 def check_mask(mask, full, where):
-    """-> (has_mask, flat float32 array, element strides (b, h, i, j) with 0 on broadcast dims)."""
+    """-> (has_mask, flat mask as the kernels read it, element strides (b, h, i, j) with 0 on
+    broadcast dims, mask dtype name).
+
+    A mask broadcasts to ``[B, Hq, Sq, Skv]`` and is either additive (float32, bfloat16 or
+    float16: added to the scaled, capped scores) or boolean (True = keep the key, False = drop it:
+    torch SDPA's convention, the same as an additive 0 / -inf). It is read as stored: a bool mask
+    costs 1 B per element read, a 16-bit one 2 B."""
     if mask is None:
-        return False, np.zeros(1, np.float32), (0, 0, 0, 0)
-    if not isinstance(mask, np.ndarray):
-        raise DTypeError(f"{where}: mask must be a numpy float32 array, got {type(mask).__name__}")
-    if mask.dtype != np.float32:
+        return False, np.zeros(1, np.float32), (0, 0, 0, 0), "fp32"
+    how = (f"float32, bfloat16 or float16 additive or bool (True = keep) numpy array broadcastable to "
+           f"[B, Hq, Sq, Skv] = {full}")
+    if not isinstance(mask, np.ndarray) or isinstance(mask, np.ma.MaskedArray):
+        raise DTypeError(f"{where}: mask must be a {how}, got {type(mask).__name__}; "
+                         f"use numpy.asarray(mask, numpy.float32) or a bool array")
+    kind = "bool" if mask.dtype == np.bool_ else dtypes.storage_name(mask.dtype)
+    if kind is None:
         raise DTypeError(
-            f"{where}: mask must be an additive float32 array, got dtype {mask.dtype}; "
-            f"convert with mask.astype(numpy.float32)"
+            f"{where}: mask has dtype {mask.dtype}; it must be a {how}; convert with "
+            f"mask.astype(numpy.float32) (additive) or mask.astype(bool) (True = keep)"
         )
     if mask.ndim > 4:
         raise ShapeError(f"{where}: mask has {mask.ndim} dims; it must broadcast to [B, Hq, Sq, Skv] = {full}")
     shape4 = (1,) * (4 - mask.ndim) + mask.shape
     if any(m not in (1, f) for m, f in zip(shape4, full)) or mask.size == 0:
-        raise ShapeError(f"{where}: mask of shape {mask.shape} does not broadcast to [B, Hq, Sq, Skv] = {full}")
+        raise ShapeError(f"{where}: mask of shape {mask.shape} does not broadcast to [B, Hq, Sq, Skv] = {full}; "
+                         f"each dim must be 1 or the full size (e.g. [B, 1, Sq, Skv] for a padding mask)")
     # dims a broadcast view repeats (stride 0, e.g. np.broadcast_to) are kept as one slice:
     # the kernels read them with stride 0 instead of from a copy materialised at full size
     mask = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.strides)]
     shape4 = (1,) * (4 - mask.ndim) + mask.shape
     flat = np.ascontiguousarray(mask).reshape(shape4)
+    if kind != "bool":
+        flat = dtypes.kernel_view(flat)  # 16-bit masks as their bits (dtypes.widen reads them)
     strides = []
     acc = 1
     for dim in reversed(shape4):
         strides.append(acc if dim > 1 else 0)
         acc *= dim
     strides = tuple(reversed(strides))
-    return True, flat.reshape(-1), strides
+    return True, flat.reshape(-1), strides, kind
 
 
 def shapes_of(q_shape, k_shape, v_shape, where):

@@ -562,10 +562,34 @@ for _s, _fn in _ATT.items():
            r"mask of shape \(1, 1, 3, 4\) does not broadcast to \[B, Hq, Sq, Skv\] = \(1, 2, 3, 5\)")
     raises(f"{_p}-mask-rank", lambda f=_fn: f(Q, K, V, mask=np.zeros((1, 1, 1, 3, 5), F32)), ShapeError, r"mask has 5 dims")
     raises(f"{_p}-mask-empty", lambda f=_fn: f(Q, K, V, mask=np.zeros((0, 5), F32)), ShapeError, r"mask of shape \(0, 5\)")
-    raises(f"{_p}-mask-float16", lambda f=_fn: f(Q, K, V, mask=np.zeros((3, 5), np.float16)), DTypeError,
-           r"mask must be an additive float32 array, got dtype float16")
-    raises(f"{_p}-mask-bool", lambda f=_fn: f(Q, K, V, mask=np.ones((3, 5), bool)), DTypeError, r"mask must be an additive float32 array, got dtype bool")
-    raises(f"{_p}-mask-list", lambda f=_fn: f(Q, K, V, mask=[[0.0] * 5] * 3), DTypeError, r"mask must be a numpy float32 array")
+    _mb = np.ones((3, 5), bool)
+    _mb[0, 1] = _mb[2, 4] = False
+    _mb16 = F32([[0, -1, 0.5, -np.inf, 2]] * 3)
+    close(f"{_p}-mask-float16", lambda f=_fn, m=_mb16: f(Q, K, V, mask=m.astype(np.float16)), lambda m=_mb16: _att_ref(mask=m))
+    close(f"{_p}-mask-bfloat16", lambda f=_fn, m=_mb16: f(Q, K, V, mask=m.astype(BF16)), lambda m=_mb16: _att_ref(mask=m))
+    close(f"{_p}-mask-bool", lambda f=_fn, m=_mb: f(Q, K, V, mask=m), lambda m=_mb: _att_ref(mask=np.where(m, F32(0), F32(-np.inf))))
+    check(f"{_p}-mask-bool-all-false", lambda f=_fn: f(Q, K, V, mask=np.zeros((3, 5), bool)),
+          lambda out: np.testing.assert_array_equal(out, np.zeros_like(Q)))  # API: fully masked rows -> zeros (torch too)
+    close(f"{_p}-mask-bool-softcap", lambda f=_fn, m=_mb: f(Q, K, V, mask=m, softcap=0.5),  # cap, then the mask
+          lambda m=_mb: _att_ref(mask=np.where(m, F32(0), F32(-np.inf)), softcap=0.5))
+    close(f"{_p}-mask-float32-finite-min", lambda f=_fn: f(Q, K, V, mask=np.full((3, 5), np.finfo(F32).min, F32)),
+          lambda: np.broadcast_to(V.mean(axis=2, keepdims=True), Q.shape))  # absorbs the scores: HF eager's average
+    raises(f"{_p}-mask-bool-shape", lambda f=_fn: f(Q, K, V, mask=np.ones((1, 2, 3, 4), bool)), ShapeError,
+           r"mask of shape \(1, 2, 3, 4\) does not broadcast to \[B, Hq, Sq, Skv\] = \(1, 2, 3, 5\); each dim must be 1 or the full size")
+    raises(f"{_p}-mask-float64", lambda f=_fn: f(Q, K, V, mask=np.zeros((3, 5))), DTypeError,
+           r"mask has dtype float64; it must be a .*additive or bool \(True = keep\).*mask.astype\(numpy.float32\) \(additive\) or mask.astype\(bool\)")
+    raises(f"{_p}-mask-int8", lambda f=_fn: f(Q, K, V, mask=np.ones((3, 5), np.int8)), DTypeError, r"mask has dtype int8")
+    raises(f"{_p}-mask-list", lambda f=_fn: f(Q, K, V, mask=[[0.0] * 5] * 3), DTypeError,
+           r"mask must be a .*numpy array broadcastable to \[B, Hq, Sq, Skv\] = \(1, 2, 3, 5\), got list")
+    raises(f"{_p}-mask-masked-array", lambda f=_fn: f(Q, K, V, mask=np.ma.zeros((3, 5), F32)), DTypeError,
+           r"got MaskedArray")
+    for _label, _lay in (("unknown", "bhds"), ("upper", "BSHD"), ("none", None)):
+        raises(f"{_p}-layout-{_label}", lambda f=_fn, lay=_lay: f(Q, K, V, layout=lay), ConstraintError,
+               r"layout must be 'bhsd' \(q \[B, Hq, Sq, D\], the default.*or 'bshd' \(q \[B, Sq, Hq, D\]")
+    close(f"{_p}-layout-bshd", lambda f=_fn: f(*(x.transpose(0, 2, 1, 3).copy() for x in (Q, K, V)), layout="bshd"),
+          lambda: _att_ref().transpose(0, 2, 1, 3))
+    raises(f"{_p}-layout-bshd-given-bhsd", lambda f=_fn: f(Q, K, V[:, :, :4], layout="bshd"), ShapeError,
+           r"layout='bshd': shapes shown as the \[B, H, S, D\] views of the \[B, S, H, D\] inputs")
     check(f"{_p}-mask-all-neginf", lambda f=_fn: f(Q, K, V, mask=np.full((3, 5), -np.inf, F32)),
           lambda out: np.testing.assert_array_equal(out, np.zeros_like(Q)))
     _m = np.zeros((3, 5), F32)
