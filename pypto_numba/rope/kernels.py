@@ -291,8 +291,10 @@ def _interleaved_kernel(
 
 
 @kernel
-def _cos_sin_kernel(positions, inv_freq, cos, sin, T):
-    """HF tables cos/sin(cat(f, f)), f = position * inverse frequency, in float64, one cast."""
+def _cos_sin_kernel(positions, inv_freq, cos, sin, T, scale, interleaved):
+    """Tables cos/sin of f = position * inverse frequency, times ``scale`` (yarn's attention
+    factor; 1 otherwise), in float64, one cast. Layout: HF ``cat(f, f)``, or GPT-J pairs
+    ``(f0, f0, f1, f1, ...)`` when ``interleaved``."""
     P = positions.size
     half = inv_freq.size
     R = 2 * half
@@ -307,12 +309,14 @@ def _cos_sin_kernel(positions, inv_freq, cos, sin, T):
         for p in range(p0, p0 + valid):
             for i in range(half):
                 angle = positions[p] * inv_freq[i]
-                c = dtypes.narrow(cos, np.float32(_math.cos(angle)))
-                s = dtypes.narrow(sin, np.float32(_math.sin(angle)))
-                cos[p, i] = c
-                cos[p, half + i] = c
-                sin[p, i] = s
-                sin[p, half + i] = s
+                c = dtypes.narrow(cos, np.float32(scale * _math.cos(angle)))
+                s = dtypes.narrow(sin, np.float32(scale * _math.sin(angle)))
+                j0 = 2 * i if interleaved else i
+                j1 = j0 + 1 if interleaved else half + i
+                cos[p, j0] = c
+                cos[p, j1] = c
+                sin[p, j0] = s
+                sin[p, j1] = s
         tasks += 1
         gm_read += valid * 8 + half * 8
         gm_write += 2 * valid * R * b

@@ -193,20 +193,70 @@ def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None):
     for ``k < R/2``; dims ``R..D`` are copied. Like PyPTO's InterleaveRope the kernel splits x,
     cos and sin into even/odd halves (gathermask modes 1/2) in fp32, but it assembles the result
     back into the input's interleaved layout. Options as :func:`standard`.
+
+    **Tables: GPT-J pair layout**, ``cos[..., 2k] == cos[..., 2k+1] == cos(f[k])`` (sin alike), as
+    ``rope.cos_sin(..., layout="interleaved")`` builds them. The HF split-half tables of
+    ``cos_sin(..., layout="half")`` (``cos(cat(f, f))``, for :func:`standard`) give wrong results
+    here; they are refused with a ConstraintError when they can be told apart: every row checked
+    (the first and the last 8 table rows) has equal halves and some has unequal pairs. Tables of
+    any other content are applied as the formula says (rows at position 0, or R = 2, are both).
     """
+    _refuse_half_tables(cos, sin)
     return _call("interleaved", x, None, cos, sin, 0.0, profile, token_tile, out)
 
 
-@functools.partial(torch_aware, where="rope.cos_sin")  # torch positions/dtype in, torch tables out
-def cos_sin(positions, rot_dim, theta=10000.0, dtype=np.float32, *, profile=None, token_tile=None):
-    """HF-layout tables ``(cos, sin)``, each ``[*positions.shape, rot_dim]`` in ``dtype``.
+def _looks_half(table) -> bool:
+    """Whether a table's first and last 8 rows all have equal halves and one has unequal pairs."""
+    a = np.asarray(table)
+    name = dtypes.storage_name(a.dtype)
+    if name is None or a.ndim < 2 or a.shape[-1] < 4 or a.shape[-1] % 2 or a.size == 0:
+        return False
+    R = a.shape[-1]
+    rows = a.reshape(-1, R)
+    if rows.shape[0] > 16:
+        rows = np.concatenate([rows[:8], rows[-8:]])
+    bits = np.ascontiguousarray(rows).view(np.uint32 if name == "fp32" else np.uint16)
+    return bool(np.array_equal(bits[:, :R // 2], bits[:, R // 2:]) and not np.array_equal(bits[:, 0::2], bits[:, 1::2]))
 
-    ``f[p, i] = positions[p] * theta**(-2i/rot_dim)`` (i < rot_dim/2), ``cos = cos(cat(f, f))``,
-    ``sin = sin(cat(f, f))``. Angles and cos/sin are computed in float64 and rounded once to
-    float32 (then to bf16/fp16: a double rounding that can differ from a single one only on a
-    16-bit tie). HF computes the angles in fp32, which is off by up to ``|position| * 2**-24``
-    radians. ``positions``: integer or float array (any shape), e.g. ``numpy.arange(S)``.
+
+def _refuse_half_tables(cos, sin):
+    for name, t in (("cos", cos), ("sin", sin)):
+        if _looks_half(t):
+            raise ConstraintError(
+                f"rope.interleaved: {name} is a split-half (HF) table: {name}[..., i] == {name}[..., R/2 + i] in every "
+                f"row checked, but {name}[..., 2k] != {name}[..., 2k+1]. rope.interleaved expects GPT-J pair tables "
+                f"({name}[..., 2k] == {name}[..., 2k+1]): build them with rope.cos_sin(..., layout='interleaved'), "
+                f"or rotate with rope.standard, which these tables are for")
+
+
+LAYOUTS = ("half", "interleaved")
+
+
+@functools.partial(torch_aware, where="rope.cos_sin")  # torch positions/dtype in, torch tables out
+def cos_sin(positions, rot_dim, theta=10000.0, dtype=np.float32, scaling=None, layout="half", *,
+            max_position=None, max_position_embeddings=None, profile=None, token_tile=None):
+    """Tables ``(cos, sin)``, each ``[*positions.shape, rot_dim]`` in ``dtype``.
+
+    ``f[p, i] = positions[p] * inv[i]`` (i < rot_dim/2), ``inv[i] = theta**(-2i/rot_dim)`` unless
+    ``scaling`` says otherwise. ``layout="half"`` (HF, for :func:`standard` / :func:`fused_rmsnorm`):
+    ``cos = cos(cat(f, f))``, ``sin = sin(cat(f, f))``. ``layout="interleaved"`` (GPT-J, for
+    :func:`interleaved`): ``cos[..., 2i] = cos[..., 2i+1] = cos(f[i])``, sin alike.
+
+    ``scaling``: a Hugging Face ``rope_scaling`` dict as a config holds it, type under
+    ``rope_type`` or ``type``: ``linear``, ``dynamic`` (NTK; scales for the sequence length
+    ``max_position``, default ``positions.max() + 1``), ``llama3`` (``factor``,
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``) or ``yarn``
+    (its attention factor multiplies cos and sin). ``max_position_embeddings``: the config's, for
+    ``dynamic`` / ``yarn`` dicts without ``original_max_position_embeddings``. The formulas:
+    ``rope/scaling.py`` (Hugging Face transformers' ``modeling_rope_utils``).
+
+    Angles and cos/sin are computed in float64 and rounded once to float32 (then to bf16/fp16: a
+    double rounding that can differ from a single one only on a 16-bit tie). HF computes the
+    angles in fp32, which is off by up to ``|position| * 2**-24`` radians. ``positions``: integer
+    or float array (any shape), e.g. ``numpy.arange(S)``.
     """
+    from .scaling import frequencies
+
     where = "rope.cos_sin"
     pos = np.asarray(positions)
     if pos.dtype.kind not in "iuf":
@@ -217,15 +267,22 @@ def cos_sin(positions, rot_dim, theta=10000.0, dtype=np.float32, *, profile=None
     if not (isinstance(theta, numbers.Real) and not isinstance(theta, (bool, np.bool_))
             and _math.isfinite(float(theta)) and float(theta) > 0.0):
         raise ConstraintError(f"{where}: theta must be a finite number > 0, got {theta!r}")
+    if layout not in LAYOUTS:
+        raise ConstraintError(f"{where}: layout must be 'half' (HF cat(f, f), for rope.standard) or 'interleaved' "
+                              f"(GPT-J pairs, for rope.interleaved), got {layout!r}")
     p = plan_cos_sin(pos.shape, rot_dim, dtype, profile=profile, token_tile=token_tile)
     pos64 = np.ascontiguousarray(pos, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(pos64)):
         raise ConstraintError(f"{where}: positions must be finite")
     R = p.params["rot_dim"]
-    inv_freq = float(theta) ** (-np.arange(0, R, 2, dtype=np.float64) / R)
+    if max_position is None and pos64.size:
+        max_position = float(pos64.max()) + 1.0
+    inv_freq, factor = frequencies(R, float(theta), scaling, max_position=max_position,
+                                   max_position_embeddings=max_position_embeddings, where=where)
     shape = pos.shape + (R,)
     c, ck = dtypes.empty(shape, p.dtype)
     s, sk = dtypes.empty(shape, p.dtype)
     with Launch(p, [pos.shape]) as run:
-        run.count(_cos_sin_kernel(pos64, inv_freq, ck.reshape(-1, R), sk.reshape(-1, R), p.params["token_tile"]))
+        run.count(_cos_sin_kernel(pos64, np.ascontiguousarray(inv_freq), ck.reshape(-1, R), sk.reshape(-1, R),
+                                  p.params["token_tile"], float(factor), layout == "interleaved"))
     return c, s
