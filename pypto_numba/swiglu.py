@@ -445,8 +445,8 @@ def epilogue(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None, cast
     projections: :func:`pypto_numba.linear.gate_up_swiglu` (the cube walk it extends lives there).
     ``cast_mode`` is accepted and has no effect: the cube's FIXPIPE always narrows with rint
     (npu-facts 8.3)."""
-    resolve_cast_mode(cast_mode, profile, "swiglu.epilogue")  # a bad name is still an error
-    return gate_up_swiglu.__wrapped__(x, w_gate, w_up, limit=limit, profile=profile, cube_tiles=cube_tiles)
+    return gate_up_swiglu.__wrapped__(x, w_gate, w_up, limit=limit, profile=profile, cube_tiles=cube_tiles,
+                                      cast_mode=cast_mode)
 
 
 # --- lab spec ---

@@ -14,6 +14,7 @@ from ..interop import torch_aware
 from ..machine import dtypes
 from ..machine import tile
 from ..machine.memo import CallMemo
+from ..machine.profile import resolve_cast_mode
 from ..machine.tile import LINE, STREAM_MIN_BYTES, ScratchPool
 from ..strategy import Launch, register
 from .kernels import _cos_sin_kernel, _interleaved_kernel, _norm_rope_kernel
@@ -78,12 +79,13 @@ class _Call:
 _CALLS = CallMemo()
 
 
-def _call(kind, x, weight, cos, sin, eps, profile, token_tile, out):
+def _call(kind, x, weight, cos, sin, eps, profile, token_tile, out, cast_mode=None):
     """Run one rope call: what its signature determines comes from ``_CALLS`` when an earlier
     call had the same one, else from the full validation (which then keeps it)."""
     key = _CALLS.key(profile, (x, weight, cos, sin, out), (kind, eps, token_tile))
     c, arrays, copied = _CALLS.through(key, _prepare, kind, x, weight, cos, sin, eps, profile, token_tile, out)
-    return _launch(c, *(arrays or (x, weight, cos, sin)), out, copied)
+    cm = resolve_cast_mode(cast_mode, profile, c.where) if c.dtype != "fp32" else dtypes.RINT
+    return _launch(c, *(arrays or (x, weight, cos, sin)), out, copied, cm)
 
 
 def _prepare(kind, x, weight, cos, sin, eps, profile, token_tile, out):
@@ -119,7 +121,7 @@ def _prepare(kind, x, weight, cos, sin, eps, profile, token_tile, out):
     return c, arrays, copied
 
 
-def _launch(c, x, weight, cos, sin, out, copied):
+def _launch(c, x, weight, cos, sin, out, copied, cm):
     """Run the kernel of a prepared call on arrays of its signature (``out=None``: a new result)."""
     H, D, R, kdt = c.H, c.D, c.R, c.kdt
     if out is None:
@@ -138,7 +140,7 @@ def _launch(c, x, weight, cos, sin, out, copied):
     slabs = c.scratch.take()
     with Launch(c.plan, c.shapes) as run:
         if c.kind == "interleaved":
-            counted = _interleaved_kernel(xk, ck, sk, c.cbase, ok, c.S, H, c.T, cast, stream, *slabs)
+            counted = _interleaved_kernel(xk, ck, sk, c.cbase, ok, c.S, H, c.T, cast, stream, *slabs, cm)
         else:
             norm = c.kind != "standard"
             # fp32 rope alone, with every head row (and its second rotary half) starting on a line
@@ -147,7 +149,7 @@ def _launch(c, x, weight, cos, sin, out, copied):
                           and D % line == 0 and (R // 2) % line == 0)
             wk = weight.view(kdt) if norm else dummy[0]
             counted = _norm_rope_kernel(xk, wk, ck, sk, c.cbase, ok, c.S, H, c.T, c.eps, norm, rope, cast,
-                                        stream, direct, *slabs)
+                                        stream, direct, *slabs, cm)
         run.count(counted)
         run.workspace(copied)
     c.scratch.give(slabs)
@@ -155,38 +157,40 @@ def _launch(c, x, weight, cos, sin, out, copied):
 
 
 @register("rope", "standard", plan=plan_standard, summary="split-half (rotate_half, NeoX/HF) RoPE, one vector kernel")
-def standard(x, cos, sin, *, profile=None, token_tile=None, out=None):
+def standard(x, cos, sin, *, profile=None, token_tile=None, out=None, cast_mode=None):
     """Split-half RoPE of ``x[..., S, H, D]`` with HF tables ``cos, sin[..., S, R]``.
 
     ``out[..., :R] = x[..., :R]*cos + cat(-x2, x1)*sin`` with ``x1, x2`` the halves of
     ``x[..., :R]``; dims ``R..D`` are copied. ``token_tile``: tokens per task (default: the
     profile's ``rope_token_tile``, lowered until the tiles fit UB); ``out=``: write the result
-    there (x's shape and dtype; ``out=x`` works in place).
+    there (x's shape and dtype; ``out=x`` works in place); ``cast_mode``: the rounding of the one
+    fp32 -> bf16/fp16 cast (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile:
+    rint).
     """
-    return _call("standard", x, None, cos, sin, 0.0, profile, token_tile, out)
+    return _call("standard", x, None, cos, sin, 0.0, profile, token_tile, out, cast_mode)
 
 
 @register("rope", "rmsnorm", plan=plan_rmsnorm, summary="per-head RMSNorm over D, one vector kernel (then apply a rope strategy)")
-def rmsnorm(x, weight, eps=1e-6, *, profile=None, token_tile=None, out=None):
+def rmsnorm(x, weight, eps=1e-6, *, profile=None, token_tile=None, out=None, cast_mode=None):
     """RMSNorm over the last dim: ``x * rsqrt(mean(x**2) + eps) * weight``, fp32 inside, one cast.
 
     ``x[..., S, H, D]`` (also ``x[S, D]``, ``x[D]``), ``weight[D]``. Options as :func:`standard`.
     """
-    return _call("rmsnorm", x, weight, None, None, eps, profile, token_tile, out)
+    return _call("rmsnorm", x, weight, None, None, eps, profile, token_tile, out, cast_mode)
 
 
 @register("rope", "fused_rmsnorm", plan=plan_fused_rmsnorm, summary="Qwen3 q/k RMSNorm + split-half RoPE in one kernel, fp32 between")
-def fused_rmsnorm(x, weight, cos, sin, eps=1e-6, *, profile=None, token_tile=None, out=None):
+def fused_rmsnorm(x, weight, cos, sin, eps=1e-6, *, profile=None, token_tile=None, out=None, cast_mode=None):
     """``standard(rmsnorm(x, weight, eps), cos, sin)`` in one kernel, fp32 in between, one cast.
 
     Saves one kernel and one GM round trip of x (write + read of the normed tensor) over
     :func:`rmsnorm` followed by :func:`standard`. Options as :func:`standard`.
     """
-    return _call("fused_rmsnorm", x, weight, cos, sin, eps, profile, token_tile, out)
+    return _call("fused_rmsnorm", x, weight, cos, sin, eps, profile, token_tile, out, cast_mode)
 
 
 @register("rope", "interleaved", plan=plan_interleaved, summary="GPT-J pairs via gathermask even/odd split, output interleaved")
-def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None):
+def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None, cast_mode=None):
     """GPT-J RoPE of ``x[..., S, H, D]``: pairs ``(2k, 2k+1)`` rotated, output interleaved.
 
     ``out[2k] = x[2k]*cos[2k] - x[2k+1]*sin[2k]``, ``out[2k+1] = x[2k+1]*cos[2k+1] + x[2k]*sin[2k+1]``
@@ -202,7 +206,7 @@ def interleaved(x, cos, sin, *, profile=None, token_tile=None, out=None):
     any other content are applied as the formula says (rows at position 0, or R = 2, are both).
     """
     _refuse_half_tables(cos, sin)
-    return _call("interleaved", x, None, cos, sin, 0.0, profile, token_tile, out)
+    return _call("interleaved", x, None, cos, sin, 0.0, profile, token_tile, out, cast_mode)
 
 
 def _looks_half(table) -> bool:
