@@ -106,14 +106,16 @@ def _gelu_span(use_erf):
         """
         if not (isinstance(x, types.Array) and isinstance(dst, types.Array) and x.dtype == dst.dtype
                 and x.dtype in (types.float32, types.uint16, types.int16)
-                and (mode is None or isinstance(mode, dtypes.CastModeType))):
+                and (mode is None or isinstance(mode, (types.NoneType, types.Omitted, dtypes.CastModeType)))):
             return None
+        if not isinstance(mode, dtypes.CastModeType):
+            mode = None
         cast = "rint" if mode is None else mode.mode
 
         def codegen(context, builder, sig, args):
             x_arr = context.make_array(sig.args[0])(context, builder, args[0])
             d_arr = context.make_array(sig.args[2])(context, builder, args[2])
-            xo, do, cnt, stream_ = args[1], args[3], args[4], args[5]
+            xo, do, cnt, stream_ = args[1], args[3], args[4], args[5]  # args[6]: the mode (no data)
             kind = sig.args[0].dtype
 
             def step(start, count, lanes, nt):
@@ -132,8 +134,9 @@ def _gelu_span(use_erf):
             irb.line_span(builder, builder.gep(d_arr.data, [do]), cnt, size, step, stream_)
             return context.get_dummy_value()
 
-        args = (x, types.uint64, dst, types.uint64, types.uint64, types.boolean) + (() if mode is None else (mode,))
-        return types.void(*args), codegen
+        # an omitted mode is typed None (numba folds the default into the call's arguments)
+        return types.void(x, types.uint64, dst, types.uint64, types.uint64, types.boolean,
+                          types.none if mode is None else mode), codegen
 
     return span
 

@@ -107,8 +107,10 @@ def _rotate(typingctx, src, s_off, dst, d_off, cf, sf, half, mode=None):
     ``mode``: the cast mode (a ``dtypes.CastMode``; omitted or rint: ``ir.store_narrow``).
     """
     if not (_rows_of(_ANY_KIND, src, dst) and _rows_of(_F32_ONLY, cf, sf)
-            and (mode is None or isinstance(mode, dtypes.CastModeType))):
+            and (mode is None or isinstance(mode, (types.NoneType, types.Omitted, dtypes.CastModeType)))):
         return None
+    if not isinstance(mode, dtypes.CastModeType):
+        mode = None
     cast = "rint" if mode is None else mode.mode
 
     def codegen(context, builder, sig, args):
@@ -131,7 +133,8 @@ def _rotate(typingctx, src, s_off, dst, d_off, cf, sf, half, mode=None):
             _rotation_loop(context, builder, lsig, largs, store, lanes, start, count)
         return context.get_dummy_value()
 
-    return types.void(src, _U64, dst, _U64, cf, sf, _U64, *(() if mode is None else (mode,))), codegen
+    # an omitted mode is typed None (numba folds the default into the call's arguments)
+    return types.void(src, _U64, dst, _U64, cf, sf, _U64, types.none if mode is None else mode), codegen
 
 
 def _rotate_direct(of, o, xf, cf, sf, c, half):
