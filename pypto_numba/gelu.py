@@ -219,8 +219,8 @@ def _gelu_kernel(
     variant,
     storage_math,
     ops_per_elem,
-    stream,
     mode,
+    stream,
 ):
     """GELU of flat ``x`` into flat ``out``, one prange task per tile -> the cost counters.
 
@@ -231,8 +231,8 @@ def _gelu_kernel(
     variant : ``TANH`` or ``ERF``
     storage_math : round every intermediate to the storage dtype
     ops_per_elem : vector ops counted per element
-    stream : whole lines with streaming stores, fenced at the end of each task
     mode : the cast mode of the final narrowing (a ``dtypes.CastMode``: one compiled kernel per mode)
+    stream : whole lines with streaming stores, fenced at the end of each task
     """
     n = x.size
     n_tiles = (n + tile - 1) // tile
@@ -336,7 +336,7 @@ def _run(variant: str, x, profile, tile, math, out, cast_mode):
     with Launch(p, [xt.shape]) as run:
         run.count(
             _gelu_kernel(xt.kview.reshape(-1), out_k.reshape(-1), p.params["tile"], VARIANT[variant],
-                         storage_math, p.params["ops_per_elem"], stream, mode)
+                         storage_math, p.params["ops_per_elem"], mode, stream)
         )
         run.workspace(xt.copied_bytes)
     return result
