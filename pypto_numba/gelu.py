@@ -37,7 +37,7 @@ from .machine import ir as irb
 from .machine.jit import device, kernel
 from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
-from .machine.profile import load_profile
+from .machine.profile import load_profile, resolve_cast_mode
 from .machine.tile import LINE, STREAM_MIN_BYTES, empty_apart, store_fence, streamable, streams_apart
 from .strategy import Launch, register
 
@@ -93,7 +93,7 @@ def _gelu_ir(builder, v, use_erf):
 
 def _gelu_span(use_erf):
     @intrinsic
-    def span(typingctx, x, x_off, dst, d_off, n, stream):
+    def span(typingctx, x, x_off, dst, d_off, n, stream, mode=None):
         """``dst[d_off + i] = gelu(x[x_off + i])`` for ``i < n`` (flat kernel views of one dtype,
         uint64 offsets), fp32 math and one rounding to the storage dtype, in LLVM IR: the
         elements up to ``dst``'s first 64-byte line boundary one at a time, then one whole line
@@ -102,22 +102,31 @@ def _gelu_span(use_erf):
         checks that ``dst`` is a whole number of elements off a line and is not just past ``x``
         within a page: :func:`tile.streams_apart`). Explicit 512-bit vectors: the plain loop
         (:func:`_span_plain`, same bits) gets LLVM's choice (``machine/jit.py``), compute-bound.
+        ``mode``: the cast mode (a ``dtypes.CastMode``; omitted or rint: ``ir.store_narrow``).
         """
         if not (isinstance(x, types.Array) and isinstance(dst, types.Array) and x.dtype == dst.dtype
-                and x.dtype in (types.float32, types.uint16, types.int16)):
+                and x.dtype in (types.float32, types.uint16, types.int16)
+                and (mode is None or isinstance(mode, (types.NoneType, types.Omitted, dtypes.CastModeType)))):
             return None
+        if not isinstance(mode, dtypes.CastModeType):
+            mode = None
+        cast = "rint" if mode is None else mode.mode
 
         def codegen(context, builder, sig, args):
             x_arr = context.make_array(sig.args[0])(context, builder, args[0])
             d_arr = context.make_array(sig.args[2])(context, builder, args[2])
-            xo, do, cnt, stream_ = args[1], args[3], args[4], args[5]
+            xo, do, cnt, stream_ = args[1], args[3], args[4], args[5]  # args[6]: the mode (no data)
             kind = sig.args[0].dtype
 
             def step(start, count, lanes, nt):
                 def body(j):
                     v = irb.load_widen(builder, x_arr.data, builder.add(xo, j), kind, lanes)
-                    irb.store_narrow(builder, _gelu_ir(builder, v, use_erf), d_arr.data, builder.add(do, j), kind,
-                                     lanes, align=LINE if nt else 1, nontemporal=nt)
+                    y, at = _gelu_ir(builder, v, use_erf), builder.add(do, j)
+                    if cast == "rint":
+                        irb.store_narrow(builder, y, d_arr.data, at, kind, lanes, align=LINE if nt else 1, nontemporal=nt)
+                    else:
+                        dtypes.store_narrow_mode(builder, y, d_arr.data, at, kind, lanes, cast,
+                                                 align=LINE if nt else 1, nontemporal=nt)
 
                 irb.steps(builder, start, count, lanes, body)
 
@@ -125,7 +134,9 @@ def _gelu_span(use_erf):
             irb.line_span(builder, builder.gep(d_arr.data, [do]), cnt, size, step, stream_)
             return context.get_dummy_value()
 
-        return types.void(x, types.uint64, dst, types.uint64, types.uint64, types.boolean), codegen
+        # an omitted mode is typed None (numba folds the default into the call's arguments)
+        return types.void(x, types.uint64, dst, types.uint64, types.uint64, types.boolean,
+                          types.none if mode is None else mode), codegen
 
     return span
 
@@ -135,7 +146,7 @@ _span_erf = _gelu_span(True)
 
 
 @device(fastmath=set(vmath.VMATH_FASTMATH))
-def _span_plain(x, x_off, dst, d_off, n, use_erf):
+def _span_plain(x, x_off, dst, d_off, n, use_erf, mode=None):
     """:func:`_gelu_span` as a plain numba loop, the readable reference: the same operations in
     the same order (``contract`` only, as the IR), so the same bits (``tests/machine/test_ir.py``); it
     has no streaming stores and LLVM picks its vector width."""
@@ -146,7 +157,7 @@ def _span_plain(x, x_off, dst, d_off, n, use_erf):
         else:
             t = vmath.tanh((v * v * np.float32(CUBIC) * v + v) * np.float32(SQRT_2_OVER_PI))
         y = (np.float32(0.5) * v) * (np.float32(1.0) + t)
-        dst[d_off + i] = dtypes.narrow(dst, np.float32(0.0) if v == NEG_INF else y)
+        dst[d_off + i] = dtypes.narrow(dst, np.float32(0.0) if v == NEG_INF else y, mode)
 
 
 @device
@@ -179,6 +190,7 @@ def _tile(
     variant,
     storage_math,
     stream,
+    mode,
 ):
     """One UB tile ``dst[d_off:][:n] = gelu(x[x_off:][:n])``.
 
@@ -189,13 +201,14 @@ def _tile(
     variant : ``TANH`` or ``ERF``
     storage_math : round every intermediate to the storage dtype (a numba loop)
     stream : whole lines with streaming stores (the caller fences)
+    mode : the cast mode of the final narrowing (a ``dtypes.CastMode``)
     """
     if storage_math:
         _tile_storage_math(x, x_off, dst, d_off, n, variant == ERF)
     elif variant == ERF:
-        _span_erf(x, x_off, dst, d_off, n, stream)
+        _span_erf(x, x_off, dst, d_off, n, stream, mode)
     else:
-        _span_tanh(x, x_off, dst, d_off, n, stream)
+        _span_tanh(x, x_off, dst, d_off, n, stream, mode)
 
 
 @kernel
@@ -206,6 +219,7 @@ def _gelu_kernel(
     variant,
     storage_math,
     ops_per_elem,
+    mode,
     stream,
 ):
     """GELU of flat ``x`` into flat ``out``, one prange task per tile -> the cost counters.
@@ -217,6 +231,7 @@ def _gelu_kernel(
     variant : ``TANH`` or ``ERF``
     storage_math : round every intermediate to the storage dtype
     ops_per_elem : vector ops counted per element
+    mode : the cast mode of the final narrowing (a ``dtypes.CastMode``: one compiled kernel per mode)
     stream : whole lines with streaming stores, fenced at the end of each task
     """
     n = x.size
@@ -229,7 +244,7 @@ def _gelu_kernel(
     for t in prange(n_tiles):
         start = np.uint64(t * tile)
         valid = np.uint64(min(tile, n - t * tile))  # valid shape of the tail tile
-        _tile(x, start, out, start, valid, variant, storage_math, stream)
+        _tile(x, start, out, start, valid, variant, storage_math, stream, mode)
         if stream:
             store_fence()
         tasks += 1
@@ -303,11 +318,14 @@ def plan_erf(shape, dtype="fp32", *, profile=None, tile=None, math="fp32") -> Pl
 # public strategies
 
 
-def _run(variant: str, x, profile, tile, math, out):
+def _run(variant: str, x, profile, tile, math, out, cast_mode):
     where = f"gelu.{variant}"
     xt = inputs.tensor(x, "x", where)
     p = _plan(variant, xt.shape, xt.dtype, profile=profile, tile=tile, math=math)
     storage_math = p.params["math"] == "storage"
+    mode = resolve_cast_mode(cast_mode, profile, where)
+    if xt.dtype == "fp32" or storage_math:
+        mode = dtypes.RINT  # no cast: one kernel, whatever the mode
     if out is None and not storage_math and streamable(xt.kview, STREAM_MIN_BYTES):
         result, out_k = empty_apart(xt.shape, xt.dtype, xt.array)  # placed for streaming
     else:
@@ -318,27 +336,30 @@ def _run(variant: str, x, profile, tile, math, out):
     with Launch(p, [xt.shape]) as run:
         run.count(
             _gelu_kernel(xt.kview.reshape(-1), out_k.reshape(-1), p.params["tile"], VARIANT[variant],
-                         storage_math, p.params["ops_per_elem"], stream)
+                         storage_math, p.params["ops_per_elem"], mode, stream)
         )
         run.workspace(xt.copied_bytes)
     return result
 
 
 @register("gelu", "tanh", plan=plan_tanh, summary="tanh approximation, one vector kernel")
-def tanh(x, *, profile=None, tile=None, math="fp32", out=None):
+def tanh(x, *, profile=None, tile=None, math="fp32", out=None, cast_mode=None):
     """GELU by the tanh approximation: ``0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))``.
 
     ``tile``: UB tile in elements (default: the profile's ``gelu_tile``); ``math="storage"``
     rounds every intermediate to the storage dtype (default ``"fp32"``: one cast at the end);
-    ``out``: write into this array (x's shape and dtype; may be x itself) instead of a new one.
+    ``out``: write into this array (x's shape and dtype; may be x itself) instead of a new one;
+    ``cast_mode``: the rounding of the one fp32 -> bf16/fp16 cast (``machine/dtypes.py``; default
+    ``use_cast_mode`` / ``$PYPTO_NUMBA_CAST_MODE`` / the profile's, rint). ``math="storage"`` has
+    no cast (its roundings are bf16/fp16 arithmetic, to nearest even): the mode does nothing there.
     """
-    return _run("tanh", x, profile, tile, math, out)
+    return _run("tanh", x, profile, tile, math, out, cast_mode)
 
 
 @register("gelu", "erf", plan=plan_erf, summary="exact erf form, one vector kernel")
-def erf(x, *, profile=None, tile=None, math="fp32", out=None):
+def erf(x, *, profile=None, tile=None, math="fp32", out=None, cast_mode=None):
     """Exact GELU: ``0.5*x*(1 + erf(x/sqrt(2)))``. Options as :func:`tanh`."""
-    return _run("erf", x, profile, tile, math, out)
+    return _run("erf", x, profile, tile, math, out, cast_mode)
 
 
 # --- lab spec ---

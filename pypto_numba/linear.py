@@ -57,7 +57,7 @@ from .machine.cube.epilogue import epilogue_swiglu
 from .machine.jit import kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
-from .machine.profile import ProfileError, load_profile
+from .machine.profile import ProfileError, load_profile, resolve_cast_mode
 from .strategy import Launch, register
 
 CAST_OPS = 2  # widen in + narrow out per element for bf16/fp16 (as in gelu)
@@ -68,7 +68,7 @@ CAST_OPS = 2  # widen in + narrow out per element for bf16/fp16 (as in gelu)
 
 
 @kernel(boundscheck=False)
-def _bias_add_kernel(prod, bias, out, m1, n1, ops_per_elem):
+def _bias_add_kernel(prod, bias, out, m1, n1, ops_per_elem, cm):
     M, N = prod.shape
     tm = (M + m1 - 1) // m1
     tn = (N + n1 - 1) // n1
@@ -89,7 +89,7 @@ def _bias_add_kernel(prod, bias, out, m1, n1, ops_per_elem):
             # flat views, uint64 indices (see machine/jit.py)
             row = np.uint64(i) * np.uint64(N) + ob
             for j in range(np.uint64(vn)):
-                out_flat[row + j] = dtypes.narrow(out, dtypes.widen(prod_flat[row + j]) + dtypes.widen(bias[ob + j]))
+                out_flat[row + j] = dtypes.narrow(out, dtypes.widen(prod_flat[row + j]) + dtypes.widen(bias[ob + j]), cm)
         tasks += 1
         gm_read += vm * vn * item + vn * item  # product tile + bias tile
         gm_write += vm * vn * item
@@ -235,13 +235,14 @@ def _prepare(strategy, x, weight, bias, profile, cube_tiles):
             copied)
 
 
-def _run(strategy, x, weight, bias, profile, cube_tiles):
+def _run(strategy, x, weight, bias, profile, cube_tiles, cast_mode=None):
     """One linear call: the prepared call of its signature (checked and planned on the first
     call, see :class:`~pypto_numba.machine.memo.CallMemo`), then its kernels: the cube walk
     (``cube.run_walk``; with ``fused_bias`` the bias is added in its epilogue), and for
     ``matmul_add`` with a bias the vector kernel that adds it."""
     key = _CALLS.key(profile, (x, weight, bias), (strategy, cube_tiles))
     c, arrays, copied = _CALLS.through(key, _prepare, strategy, x, weight, bias, profile, cube_tiles)
+    cm = resolve_cast_mode(cast_mode, profile, f"linear.{strategy}") if c.dtype != "fp32" else dtypes.RINT
     if arrays is not None:
         x, weight, bias = arrays
     # the kernels, on contiguous arrays of the call's signature
@@ -257,7 +258,7 @@ def _run(strategy, x, weight, bias, profile, cube_tiles):
             prod, prod_k = dtypes.empty(out2.shape, c.dtype)
             run.count(cube.run_walk(x2, wk, None, prod_k, p.params), workspace_bytes=prod.nbytes)
             run.count(_bias_add_kernel(prod_k, bk, out2, p.params["m1"], p.params["n1"],
-                                       p.params["ops_per_elem"]))
+                                       p.params["ops_per_elem"], cm))
         else:
             run.count(cube.run_walk(x2, wk, bk, out2, p.params))
         run.workspace(copied)
@@ -266,21 +267,24 @@ def _run(strategy, x, weight, bias, profile, cube_tiles):
 
 @register("linear", "matmul_add", plan=plan_matmul_add,
           summary="cube matmul, then a vector kernel adds the bias (2 kernels, 2 roundings)")
-def matmul_add(x, weight, bias=None, *, profile=None, cube_tiles=None):
+def matmul_add(x, weight, bias=None, *, profile=None, cube_tiles=None, cast_mode=None):
     """``round(round(x @ weight^T) + bias)``: a cube kernel writes the product in the storage dtype,
-    a vector kernel adds the bias. ``cube_tiles=((mL0, mL1), (kL0, kL1), (nL0, nL1))``."""
-    return _run("matmul_add", x, weight, bias, profile, cube_tiles)
+    a vector kernel adds the bias. ``cube_tiles=((mL0, mL1), (kL0, kL1), (nL0, nL1))``.
+    ``cast_mode`` rounds the vector add's cast only; the product's rounding is the cube FIXPIPE's,
+    always rint (npu-facts 8.3)."""
+    return _run("matmul_add", x, weight, bias, profile, cube_tiles, cast_mode)
 
 
 @register("linear", "fused_bias", plan=plan_fused_bias,
           summary="bias added to the fp32 accumulator in the cube epilogue (1 kernel, 1 rounding)")
-def fused_bias(x, weight, bias=None, cube_tiles=None, *, profile=None):
+def fused_bias(x, weight, bias=None, cube_tiles=None, *, profile=None, cast_mode=None):
     """``round(x @ weight^T + bias)`` in one cube kernel, the bias added to the fp32 accumulator.
 
     ``cube_tiles=((mL0, mL1), (kL0, kL1), (nL0, nL1))`` (default: the profile's
     ``linear_cube_tiles``, or ``linear_decode_cube_tiles`` for fewer than 16 rows).
+    ``cast_mode`` is accepted and has no effect: the one rounding is the cube FIXPIPE's, always rint (npu-facts 8.3) (a bad mode name is still an error).
     """
-    return _run("fused_bias", x, weight, bias, profile, cube_tiles)
+    return _run("fused_bias", x, weight, bias, profile, cube_tiles, cast_mode)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,15 +394,17 @@ def plan_gate_up_swiglu(x_shape, w_shape, dtype="fp32", *, limit=None, profile=N
 
 
 @functools.partial(torch_aware, where="linear.gate_up_swiglu")  # swiglu.epilogue registers it
-def gate_up_swiglu(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None):
+def gate_up_swiglu(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None, cast_mode=None):
     """``silu(x @ w_gate^T) * (x @ w_up^T)`` in one mixed kernel: both products accumulate in fp32
     (L0C) for the same [mL1, nL1] block and the epilogue applies the activation (with ``limit``:
     ``gate <= limit``, ``-limit <= up <= limit``, as swiglu) and rounds once, so the ``[..., 2*I]``
     gate/up intermediate is never written to GM. ``x[..., K]``, ``w_gate``, ``w_up`` ``[I, K]``
     (one dtype) -> ``[..., I]``. Also ``swiglu.epilogue``. ``cube_tiles`` as :func:`fused_bias`
     (default: its tiles with kL1 halved until x and both weight tiles fit L1). On the CPU each
-    product is BLAS sgemm on fp32 L1 copies.
+    product is BLAS sgemm on fp32 L1 copies. ``cast_mode`` is accepted and has no effect: the epilogue is the cube FIXPIPE's, always rint (npu-facts 8.3) (a bad mode name is still an error).
     """
+    if cast_mode is not None:
+        resolve_cast_mode(cast_mode, profile, "linear.gate_up_swiglu")
     where = "swiglu.epilogue"
     xt = inputs.tensor(x, "x", where, min_rank=1)
     gt = inputs.tensor(w_gate, "w_gate", where, min_rank=2, max_rank=2)

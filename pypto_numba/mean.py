@@ -64,7 +64,7 @@ from .machine import dtypes, tile
 from .machine.jit import kernel
 from .machine.memo import memo_plan
 from .machine.plan import Buffer, KernelPlan, Plan, align_elems, reduce_tile, vector_tile
-from .machine.profile import load_profile
+from .machine.profile import load_profile, resolve_cast_mode
 from .strategy import Launch, register
 
 SPLITS = ("auto", "ub", "gm")
@@ -87,6 +87,7 @@ def _rows_kernel(
     groups,
     finish,
     divisor,
+    cm,
 ):
     """Rows layout. Task t = (row block, group g): rows ``rows_per_tile``, column tiles
     ``g*tiles_per_task ..``; writes the group's sum divided by ``divisor`` for each of its rows.
@@ -98,6 +99,7 @@ def _rows_kernel(
     col_tile, rows_per_tile, tiles_per_task, groups : the tiling of the plan's step
     finish : the last kernel (counts the division); False: fp32 partials, ``divisor`` = 1
     divisor : what each sum is divided by (the reduced length, or 1 for partials)
+    cm : the cast mode of the narrowing to a 16-bit ``out`` (a ``dtypes.CastMode``)
     """
     n_tiles = (length + col_tile - 1) // col_tile
     row_blocks = (n_rows + rows_per_tile - 1) // rows_per_tile
@@ -129,7 +131,7 @@ def _rows_kernel(
                 for c in range(seg.size):
                     partial += dtypes.widen(seg[c])
                 acc += partial
-            out[row * groups + g] = dtypes.narrow(out, acc / div)  # partials: div = 1, exact
+            out[row * groups + g] = dtypes.narrow(out, acc / div, cm)  # partials: div = 1, exact
         rows = r1 - r0
         tasks += 1
         gm_read += rows * cols * in_b
@@ -152,6 +154,7 @@ def _strided_kernel(
     finish,
     divisor,
     scratch,
+    cm,
 ):
     """Strided layout. Task t = (o, inner block, group g): sums L-tiles ``g*ltiles_per_task ..``
     of ``l_tile`` rows of ``inner_tile`` contiguous elements.
@@ -163,6 +166,7 @@ def _strided_kernel(
     inner_tile, l_tile, ltiles_per_task, groups : the tiling of the plan's step
     finish, divisor : as :func:`_rows_kernel`
     scratch : [threads, 2, inner_tile] fp32, the partial and the accumulator rows (UB)
+    cm : the cast mode, as :func:`_rows_kernel`
     """
     n_ib = (inner + inner_tile - 1) // inner_tile
     n_lt = (length + l_tile - 1) // l_tile
@@ -221,7 +225,7 @@ def _strided_kernel(
         ob = (o * groups + g) * inner + i0
         dst = out[ob:ob + w]
         for i in range(w):
-            dst[i] = dtypes.narrow(out, acc[i] / div)  # partials: div = 1, exact
+            dst[i] = dtypes.narrow(out, acc[i] / div, cm)  # partials: div = 1, exact
         tasks += 1
         gm_read += rows * w * in_b
         gm_write += w * out_b
@@ -397,26 +401,28 @@ _rows_kernel_serial = _serial_copy(_rows_kernel.py_func, "_rows_kernel_serial")
 _strided_kernel_serial = _serial_copy(_strided_kernel.py_func, "_strided_kernel_serial")
 
 
-def _launch(step, src, dst, outer, length, inner, divisor, scratch, after_split=False):
+def _launch(step, src, dst, outer, length, inner, divisor, scratch, cm, after_split=False):
     serial = after_split and src.nbytes <= SERIAL_FINISH_BYTES
     if step["kernel"] == "rows":
         k = _rows_kernel_serial if serial else _rows_kernel
         return k(src, dst, outer, length, step["col_tile"], step["rows_per_tile"],
-                 step["tiles_per_task"], step["groups"], step["finish"], divisor)
+                 step["tiles_per_task"], step["groups"], step["finish"], divisor, cm)
     k = _strided_kernel_serial if serial else _strided_kernel
     return k(src, dst, outer, length, inner, step["inner_tile"], step["l_tile"],
-             step["ltiles_per_task"], step["groups"], step["finish"], divisor, scratch)
+             step["ltiles_per_task"], step["groups"], step["finish"], divisor, scratch, cm)
 
 
 @register("mean", "sum_div", plan=plan_sum_div, summary="fp32 sum over dim, divide by its length, cast back")
 def sum_div(x, dim=-1, keepdim=False, *, profile=None, row_tile=None, rows_per_task=None,
-            inner_tile=None, split="auto"):
+            inner_tile=None, split="auto", cast_mode=None):
     """Mean over ``dim``: widen to fp32, sum, divide by ``x.shape[dim]``, cast back to x's dtype.
 
     ``dim``: int, negative allowed. ``keepdim``: keep the reduced dim with length 1. Tile options
-    and ``split`` as :func:`plan_sum_div`.
+    and ``split`` as :func:`plan_sum_div`. ``cast_mode``: the rounding of the final fp32 ->
+    bf16/fp16 cast (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint).
     """
     xt = inputs.tensor(x, "x", WHERE)
+    cm = resolve_cast_mode(cast_mode, profile, WHERE) if xt.dtype != "fp32" else dtypes.RINT
     p = plan_sum_div(xt.shape, xt.dtype, dim=dim, keepdim=keepdim, profile=profile, row_tile=row_tile,
                      rows_per_task=rows_per_task, inner_tile=inner_tile, split=split)
     prm = p.params
@@ -428,13 +434,13 @@ def sum_div(x, dim=-1, keepdim=False, *, profile=None, row_tile=None, rows_per_t
     src = xt.kview.reshape(-1)
     with Launch(p, [xt.shape]) as run:
         if len(steps) == 1:
-            run.count(_launch(steps[0], src, out_k.reshape(-1), outer, length, inner, length, scratch))
+            run.count(_launch(steps[0], src, out_k.reshape(-1), outer, length, inner, length, scratch, cm))
         else:
             groups = steps[0]["groups"]
             ws = np.empty(outer * groups * inner, np.float32)  # GM workspace: fp32 partials
-            run.count(_launch(steps[0], src, ws, outer, length, inner, 1.0, scratch),
+            run.count(_launch(steps[0], src, ws, outer, length, inner, 1.0, scratch, dtypes.RINT),
                       workspace_bytes=ws.nbytes)
-            run.count(_launch(steps[1], ws, out_k.reshape(-1), outer, groups, inner, length, scratch,
+            run.count(_launch(steps[1], ws, out_k.reshape(-1), outer, groups, inner, length, scratch, cm,
                               after_split=True))
         run.workspace(xt.copied_bytes)
     return out

@@ -24,7 +24,7 @@ from .machine import dtypes
 from .machine.jit import kernel
 from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
-from .machine.profile import load_profile
+from .machine.profile import load_profile, resolve_cast_mode
 from .strategy import Launch, register
 
 # one UB staging tile of the copy: 32 KiB (estimate: 2 such buffers double-buffered stay far
@@ -98,9 +98,12 @@ def run_expand(kv_kview, n_rep, out_kview):
 
 @register("repeat_kv", "expand_clone", plan=plan_expand_clone,
           summary="materialise [B, Hkv*n_rep, S, D] with a copy kernel")
-def expand_clone(kv, n_rep, *, profile=None):
-    """HF ``repeat_kv``: ``[B, Hkv, S, D] -> [B, Hkv*n_rep, S, D]``, head h is input head h // n_rep."""
+def expand_clone(kv, n_rep, *, profile=None, cast_mode=None):
+    """HF ``repeat_kv``: ``[B, Hkv, S, D] -> [B, Hkv*n_rep, S, D]``, head h is input head h // n_rep.
+    ``cast_mode`` is accepted and has no effect: the kernel copies bits, it never narrows (a bad mode name is still an error)."""
     where = "repeat_kv.expand_clone"
+    if cast_mode is not None:
+        resolve_cast_mode(cast_mode, profile, where)
     t = inputs.tensor(kv, "kv", where, min_rank=4, max_rank=4)
     p = plan_expand_clone(t.shape, n_rep, t.dtype, profile=profile)
     n_rep = p.params["n_rep"]

@@ -56,7 +56,7 @@ from .machine import dtypes
 from .machine.jit import device, kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_tile
-from .machine.profile import load_profile
+from .machine.profile import load_profile, resolve_cast_mode
 from .machine.tile import ScratchPool, aligned_empty
 from .strategy import Launch, register
 
@@ -83,12 +83,13 @@ def _widen_weight(weight, wf, uD, offset):
 
 
 @device(forceinline=True)
-def norm_row(y, wf, dst, d_off, uD, ss, inv_d, eps32):
+def norm_row(y, wf, dst, d_off, uD, ss, inv_d, eps32, cm=None):
     """``dst[d_off:][:D] = y * 1/sqrt(ss/D + eps) * wf`` for the fp32 row ``y`` and its sum of
-    squares ``ss`` (summed by the caller in the loop that fills ``y``, as rope.rmsnorm does)."""
+    squares ``ss`` (summed by the caller in the loop that fills ``y``, as rope.rmsnorm does);
+    ``cm``: the cast mode of the narrowing (a ``dtypes.CastMode``; omitted: rint)."""
     rstd = np.float32(1.0) / np.sqrt(ss * inv_d + eps32)
     for j in range(uD):
-        dst[d_off + j] = dtypes.narrow(dst, y[j] * rstd * wf[j])
+        dst[d_off + j] = dtypes.narrow(dst, y[j] * rstd * wf[j], cm)
 
 
 @kernel
@@ -104,6 +105,7 @@ def _rmsnorm_kernel(
     add,
     row_ops,
     fscratch,
+    cm,
 ):
     """plain (``add`` False) or fused_add RMSNorm of ``[N, D]`` rows -> the cost counters.
 
@@ -117,6 +119,7 @@ def _rmsnorm_kernel(
     add : fused_add: ``new_res = residual + x`` (rounded), normalised in place of x
     row_ops : vector ops counted per row (3 rsqrt, 4 recip_sqrt)
     fscratch : [threads, 2, D] fp32 rows (the widened row, the weight)
+    cm : the cast mode of both narrowings (normed, new residual; a ``dtypes.CastMode``)
     """
     N, D = x.shape
     uD = np.uint64(D)
@@ -150,7 +153,7 @@ def _rmsnorm_kernel(
             ss = np.float32(0.0)
             if add:
                 for j in range(uD):
-                    q = dtypes.narrow(nf, dtypes.widen(rf[off + j]) + dtypes.widen(xf[off + j]))
+                    q = dtypes.narrow(nf, dtypes.widen(rf[off + j]) + dtypes.widen(xf[off + j]), cm)
                     nf[off + j] = q
                     v = dtypes.widen(q)
                     y[j] = v
@@ -160,7 +163,7 @@ def _rmsnorm_kernel(
                     v = dtypes.widen(xf[off + j])
                     y[j] = v
                     ss += v * v
-            norm_row(y, wf, of, off, uD, ss, inv_d, eps32)
+            norm_row(y, wf, of, off, uD, ss, inv_d, eps32, cm)
         elems = valid * D
         tasks += 1
         gm_read += elems * bx + D * bw
@@ -368,7 +371,7 @@ def _prepare(kind, x, residual, weight, eps, offset, inv, profile, token_tile, o
     return c, (xt.array, None if rt is None else rt.array, wt.array), copied
 
 
-def _launch(c, x, residual, weight, out, copied):
+def _launch(c, x, residual, weight, out, copied, cm):
     if out is None:
         result, out_k = aligned_empty(x.shape, c.dtype)
     else:
@@ -386,21 +389,24 @@ def _launch(c, x, residual, weight, out, copied):
     slabs = c.scratch.take()
     with Launch(c.plan, c.shapes) as run:
         run.count(_rmsnorm_kernel(xk, rk, dtypes.kernel_view(weight), ok, nk, c.plan.params["token_tile"],
-                                  c.eps, c.offset, add, c.row_ops, *slabs))
+                                  c.eps, c.offset, add, c.row_ops, *slabs, cm))
         run.workspace(copied)
     c.scratch.give(slabs)
     return (result, new) if add else result
 
 
-def _call(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out):
+def _call(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out, cast_mode):
     key = _CALLS.key(profile, (x, residual, weight, out), (kind, eps, offset, inv, token_tile))
     c, arrays, copied = _CALLS.through(key, _prepare, kind, x, residual, weight, eps, offset, inv, profile,
                                        token_tile, out)
-    return _launch(c, *(arrays or (x, residual, weight)), out, copied)
+    narrows = c.dtype != "fp32" or c.rdtype not in (None, "fp32")
+    cm = resolve_cast_mode(cast_mode, profile, c.where) if narrows else dtypes.RINT
+    return _launch(c, *(arrays or (x, residual, weight)), out, copied, cm)
 
 
 @register("rmsnorm", "plain", plan=plan_plain, summary="RMSNorm over the last dim, one vector kernel")
-def plain(x, weight, eps=1e-6, offset=0.0, *, inv="rsqrt", profile=None, token_tile=None, out=None):
+def plain(x, weight, eps=1e-6, offset=0.0, *, inv="rsqrt", profile=None, token_tile=None, out=None,
+          cast_mode=None):
     """RMSNorm over the last dim: ``x * 1/sqrt(mean(x**2) + eps) * (weight + offset)``, fp32
     inside, one cast to x's dtype.
 
@@ -408,21 +414,23 @@ def plain(x, weight, eps=1e-6, offset=0.0, *, inv="rsqrt", profile=None, token_t
     ``1 + w``); ``inv``: ``"rsqrt"`` or ``"recip_sqrt"`` (same bits on the CPU, different counted
     ops; see the module docstring); ``token_tile``: rows per task (default: the profile's
     ``rmsnorm_row_tile``, lowered until the tiles fit); ``out=``: x's shape and dtype (``out=x``
-    works in place).
+    works in place); ``cast_mode``: the rounding of the fp32 -> bf16/fp16 casts
+    (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint).
     """
-    return _call("plain", x, None, weight, eps, offset, inv, profile, token_tile, out)
+    return _call("plain", x, None, weight, eps, offset, inv, profile, token_tile, out, cast_mode)
 
 
 @register("rmsnorm", "fused_add", plan=plan_fused_add,
           summary="residual add + RMSNorm in one vector kernel -> (normed, new residual)")
-def fused_add(x, residual, weight, eps=1e-6, offset=0.0, *, inv="rsqrt", profile=None, token_tile=None, out=None):
+def fused_add(x, residual, weight, eps=1e-6, offset=0.0, *, inv="rsqrt", profile=None, token_tile=None, out=None,
+              cast_mode=None):
     """``new = residual + x`` (fp32 add, rounded to the residual's dtype, fp32 or x's) and
     ``normed = plain(new, weight, eps, offset)`` in x's dtype, in one kernel -> ``(normed, new)``.
 
     Saves the GM re-read of ``new`` and a kernel over an add followed by :func:`plain`. ``out=``
-    receives ``normed``. Options as :func:`plain`.
+    receives ``normed``. Options as :func:`plain` (``cast_mode`` rounds both casts, normed and new).
     """
-    return _call("fused_add", x, residual, weight, eps, offset, inv, profile, token_tile, out)
+    return _call("fused_add", x, residual, weight, eps, offset, inv, profile, token_tile, out, cast_mode)
 
 
 # --- lab spec ---

@@ -61,7 +61,7 @@ from .machine import dtypes, tile, vmath
 from .machine.jit import device, kernel
 from .machine.memo import memo_plan
 from .machine.plan import Buffer, KernelPlan, Plan, align_elems, vector_tile
-from .machine.profile import load_profile
+from .machine.profile import load_profile, resolve_cast_mode
 from .strategy import Launch, register
 
 NEG_INF = np.float32(-np.inf)
@@ -97,11 +97,11 @@ def _load_tile(x, x_off, mask, m_off, w, n, has_mask, has_scale, scale):
 
 
 @device(forceinline=True)
-def _store_div(w, out, o_off, n, l):
-    """``out[o_off:][:n] = cast(w[:n] / l)``: the one rounding to the storage dtype."""
+def _store_div(w, out, o_off, n, l, cm):
+    """``out[o_off:][:n] = cast(w[:n] / l)``: the one rounding to the storage dtype (mode ``cm``)."""
     dst = out[o_off:o_off + n]
     for j in range(n):
-        dst[j] = dtypes.narrow(out, w[j] / l)
+        dst[j] = dtypes.narrow(out, w[j] / l, cm)
 
 
 @device(forceinline=True)
@@ -126,6 +126,7 @@ def _whole_row_kernel(
     scale,
     ops_per_elem,
     scratch,
+    cm,
 ):
     """softmax of each row with the row in one work tile -> the cost counters.
 
@@ -137,6 +138,7 @@ def _whole_row_kernel(
     has_mask, has_scale, scale : the optional ``v = x*scale + mask``
     ops_per_elem : vector ops counted per element
     scratch : [threads, 1, >= length] fp32 work tiles
+    cm : the cast mode of the narrowing to ``out`` (a ``dtypes.CastMode``: one kernel per mode)
     """
     n_tasks = (n_rows + rows_per_task - 1) // rows_per_task
     itemsize = x.itemsize
@@ -160,7 +162,7 @@ def _whole_row_kernel(
                 _store_zeros(out, base, L)
                 continue
             s = vmath.softmax_exp(w, np.uint64(0), L, m, w, w)  # sub, exp (in place), sum
-            _store_div(w, out, base, L, s)  # div, cast
+            _store_div(w, out, base, L, s, cm)  # div, cast
         rows = r1 - r0
         tasks += 1
         gm_read += rows * length * (itemsize + mask_b)
@@ -184,6 +186,7 @@ def _online_kernel(
     scale,
     ops_per_elem,
     scratch,
+    cm,
 ):
     """softmax of each row in column tiles: running max and sum, then a second pass -> the counters.
 
@@ -193,6 +196,7 @@ def _online_kernel(
     col_tile : elements of one column tile (the last one of a row is a valid-shape tail)
     ops_per_elem : vector ops counted per element (``ONLINE_TILE_OPS`` more per row and tile)
     scratch : [threads, 1, >= col_tile] fp32 work tiles
+    cm : the cast mode, as :func:`_whole_row_kernel`
     """
     n_tasks = (n_rows + rows_per_task - 1) // rows_per_task
     n_tiles = (length + col_tile - 1) // col_tile
@@ -233,7 +237,7 @@ def _online_kernel(
                 n = np.uint64(min(col_tile, length - k * col_tile))
                 _load_tile(x, base + c0, mask, m_base + c0, w, n, has_mask, has_scale, sc)
                 vmath.softmax_exp(w, zero, n, m, w, w)
-                _store_div(w, out, base + c0, n, l)
+                _store_div(w, out, base + c0, n, l, cm)
         rows = r1 - r0
         tasks += 1
         gm_read += 2 * rows * length * (itemsize + mask_b)
@@ -453,10 +457,11 @@ def _mask_rows(where, mask, shape):
     return m2.reshape(-1), np.ascontiguousarray(rows), copied
 
 
-def _run(strategy, x, mask, scale, profile, row_tile, col_tile=None):
+def _run(strategy, x, mask, scale, profile, row_tile, col_tile=None, cast_mode=None):
     where = f"softmax.{strategy}"
     xt = inputs.tensor(x, "x", where)
     _check_scale(where, scale)
+    cm = resolve_cast_mode(cast_mode, profile, where) if xt.dtype != "fp32" else dtypes.RINT
     has_mask = mask is not None
     if strategy == "whole_row":
         p = plan_whole_row(xt.shape, xt.dtype, has_mask=has_mask, scale=scale, profile=profile, row_tile=row_tile)
@@ -472,37 +477,39 @@ def _run(strategy, x, mask, scale, profile, row_tile, col_tile=None):
     with Launch(p, [xt.shape]) as run:
         if strategy == "whole_row":
             run.count(_whole_row_kernel(xk, m_flat, m_rows, ok, prm["n_rows"], prm["length"], prm["rows_per_task"],
-                                        has_mask, scale is not None, sc, prm["ops_per_elem"], scratch))
+                                        has_mask, scale is not None, sc, prm["ops_per_elem"], scratch, cm))
         else:
             run.count(_online_kernel(xk, m_flat, m_rows, ok, prm["n_rows"], prm["length"], prm["rows_per_task"],
-                                     prm["col_tile"], has_mask, scale is not None, sc, prm["ops_per_elem"], scratch))
+                                     prm["col_tile"], has_mask, scale is not None, sc, prm["ops_per_elem"], scratch,
+                                     cm))
         run.workspace(xt.copied_bytes + m_copied)
     return result
 
 
 @register("softmax", "whole_row", plan=plan_whole_row,
           summary="amax -> sub -> exp -> sum -> div with the whole row in one UB tile")
-def whole_row(x, *, mask=None, scale=None, profile=None, row_tile=None):
+def whole_row(x, *, mask=None, scale=None, profile=None, row_tile=None, cast_mode=None):
     """softmax over the last dim with each row in one UB tile (the seed's formulation).
 
     ``mask``: additive float32 array broadcastable to x (-inf masks out; a fully masked row gives
     zeros); ``scale``: x is multiplied by it first; ``row_tile``: most rows per task (default
     ``softmax_row_tile``). Rows whose fp32 tile exceeds the 64 KiB reduction limit raise TileError:
-    use :func:`online`.
+    use :func:`online`. ``cast_mode``: the rounding of the one fp32 -> bf16/fp16 cast
+    (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint).
     """
-    return _run("whole_row", x, mask, scale, profile, row_tile)
+    return _run("whole_row", x, mask, scale, profile, row_tile, cast_mode=cast_mode)
 
 
 @register("softmax", "online", plan=plan_online,
           summary="column tiles with a running max and sum, then a second normalising pass")
-def online(x, *, mask=None, scale=None, profile=None, row_tile=None, col_tile=None):
+def online(x, *, mask=None, scale=None, profile=None, row_tile=None, col_tile=None, cast_mode=None):
     """softmax over the last dim for rows of any length: running max and sum over column tiles
     (the sum rescaled when the max grows), then a second pass writing ``exp(v - m)/l``.
 
     ``col_tile``: elements per column tile (default ``softmax_col_tile``); other options as
     :func:`whole_row`. GM: x (and the mask) are read twice.
     """
-    return _run("online", x, mask, scale, profile, row_tile, col_tile)
+    return _run("online", x, mask, scale, profile, row_tile, col_tile, cast_mode)
 
 
 # --- lab spec ---

@@ -71,7 +71,7 @@ from .machine.cube.epilogue import clamp_gate as _clamp_gate, clamp_up as _clamp
 from .machine.jit import device, kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
-from .machine.profile import load_profile
+from .machine.profile import load_profile, resolve_cast_mode
 from .strategy import Launch, register
 
 SILU_OPS = 5  # neg, exp, +1, reciprocal (the sigmoid, as moe's), * gate
@@ -94,26 +94,26 @@ FUSED, SILU, MUL = 0, 1, 2  # the kernel's ``mode``: what one tile task computes
 
 
 @_dev
-def _fused_row(a, a_off, b, b_off, out, o_off, n, lim):
+def _fused_row(a, a_off, b, b_off, out, o_off, n, lim, cm):
     """``out[o_off:][:n] = cast(silu(clamp(gate)) * clamp(up))``, gate from ``a``, up from ``b``."""
     for j in range(n):
         g = _clamp_gate(dtypes.widen(a[a_off + j]), lim)
         u = _clamp_up(dtypes.widen(b[b_off + j]), lim)
-        out[o_off + j] = dtypes.narrow(out, _silu(g) * u)
+        out[o_off + j] = dtypes.narrow(out, _silu(g) * u, cm)
 
 
 @_dev
-def _silu_row(a, a_off, out, o_off, n, lim):
+def _silu_row(a, a_off, out, o_off, n, lim, cm):
     """``out[o_off:][:n] = cast(silu(clamp(gate)))``: the silu kernel of ``separate``."""
     for j in range(n):
-        out[o_off + j] = dtypes.narrow(out, _silu(_clamp_gate(dtypes.widen(a[a_off + j]), lim)))
+        out[o_off + j] = dtypes.narrow(out, _silu(_clamp_gate(dtypes.widen(a[a_off + j]), lim)), cm)
 
 
 @_dev
-def _mul_row(a, a_off, b, b_off, out, o_off, n, lim):
+def _mul_row(a, a_off, b, b_off, out, o_off, n, lim, cm):
     """``out[o_off:][:n] = cast(h * clamp(up))``, h from ``a``: the mul kernel of ``separate``."""
     for j in range(n):
-        out[o_off + j] = dtypes.narrow(out, dtypes.widen(a[a_off + j]) * _clamp_up(dtypes.widen(b[b_off + j]), lim))
+        out[o_off + j] = dtypes.narrow(out, dtypes.widen(a[a_off + j]) * _clamp_up(dtypes.widen(b[b_off + j]), lim), cm)
 
 
 @kernel(fastmath=_FASTMATH)
@@ -132,6 +132,7 @@ def _swiglu_kernel(
     mode,
     lim,
     ops_per_elem,
+    cm,
 ):
     """One kernel of a strategy over ``[n_rows, n_cols]`` results -> the cost counters.
 
@@ -144,6 +145,7 @@ def _swiglu_kernel(
     mode : ``FUSED`` (a = gate, b = up), ``SILU`` (a = gate, b unused) or ``MUL`` (a = h, b = up)
     lim : the clamp limit (``+inf``: no clamp)
     ops_per_elem : vector ops counted per element
+    cm : the cast mode of the narrowing to ``out`` (a ``dtypes.CastMode``: one kernel per mode)
     """
     n_cb = (n_cols + col_tile - 1) // col_tile
     n_tasks = ((n_rows + rows_per_task - 1) // rows_per_task) * n_cb
@@ -166,11 +168,11 @@ def _swiglu_kernel(
             bo = np.uint64(b_off + r * b_stride + c0)
             oo = np.uint64(r * n_cols + c0)
             if mode == FUSED:
-                _fused_row(a, ao, b, bo, out, oo, n, lim32)
+                _fused_row(a, ao, b, bo, out, oo, n, lim32, cm)
             elif mode == SILU:
-                _silu_row(a, ao, out, oo, n, lim32)
+                _silu_row(a, ao, out, oo, n, lim32, cm)
             else:
-                _mul_row(a, ao, b, bo, out, oo, n, lim32)
+                _mul_row(a, ao, b, bo, out, oo, n, lim32, cm)
         elems = (r1 - r0) * cols
         tasks += 1
         gm_read += elems * read_per_elem
@@ -371,7 +373,7 @@ def _prepare(kind, x, up, limit, profile, tile, out):
     return c, arrays, sum(t.copied_bytes for t in tensors)
 
 
-def _launch(c, x, up, out, copied):
+def _launch(c, x, up, out, copied, cm):
     if out is None:
         result, out_k = tiles.aligned_empty(c.shape, c.dtype)
     else:
@@ -386,26 +388,27 @@ def _launch(c, x, up, out, copied):
     ops = prm["ops_per_elem"]
     with Launch(c.plan, c.shapes) as run:
         if c.kind == "fused":
-            run.count(_swiglu_kernel(xk, g_off, g_stride, uk, u_off, u_stride, ok, *shape, FUSED, c.lim, ops[0]))
+            run.count(_swiglu_kernel(xk, g_off, g_stride, uk, u_off, u_stride, ok, *shape, FUSED, c.lim, ops[0], cm))
         else:
             h = c.workspaces.take()  # silu(gate) in GM, the storage dtype
-            run.count(_swiglu_kernel(xk, g_off, g_stride, xk, 0, 0, h, *shape, SILU, c.lim, ops[0]),
+            run.count(_swiglu_kernel(xk, g_off, g_stride, xk, 0, 0, h, *shape, SILU, c.lim, ops[0], cm),
                       workspace_bytes=h.nbytes)
-            run.count(_swiglu_kernel(h, 0, prm["n_cols"], uk, u_off, u_stride, ok, *shape, MUL, c.lim, ops[1]))
+            run.count(_swiglu_kernel(h, 0, prm["n_cols"], uk, u_off, u_stride, ok, *shape, MUL, c.lim, ops[1], cm))
             c.workspaces.give(h)
         run.workspace(copied)
     return result
 
 
-def _call(kind, x, up, limit, profile, tile, out):
+def _call(kind, x, up, limit, profile, tile, out, cast_mode):
     key = _CALLS.key(profile, (x, up, out), (kind, limit, tile))
     c, arrays, copied = _CALLS.through(key, _prepare, kind, x, up, limit, profile, tile, out)
-    return _launch(c, *(arrays or (x, up)), out, copied)
+    cm = resolve_cast_mode(cast_mode, profile, c.where) if c.dtype != "fp32" else dtypes.RINT
+    return _launch(c, *(arrays or (x, up)), out, copied, cm)
 
 
 @register("swiglu", "separate", plan=plan_separate,
           summary="silu kernel, then mul kernel: silu(gate) written to GM and read back (2 kernels)")
-def separate(x, up=None, *, limit=None, profile=None, tile=None, out=None):
+def separate(x, up=None, *, limit=None, profile=None, tile=None, out=None, cast_mode=None):
     """``silu(gate) * up`` as two vector kernels: ``h = cast(silu(gate))`` to a GM workspace, then
     ``cast(h * up)`` (two roundings in bf16/fp16; the same bits as :func:`fused` in fp32).
 
@@ -414,21 +417,22 @@ def separate(x, up=None, *, limit=None, profile=None, tile=None, out=None):
     ``limit``: clamp ``gate <= limit`` and ``-limit <= up <= limit`` first (DeepSeek-V4: 10.0;
     None: no clamp); ``tile``: elements per UB tile (default: the profile's ``swiglu_tile``, else
     ``gelu_tile``); ``out``: write into this array (the result's shape and dtype; with two tensors
-    it may be gate or up itself).
+    it may be gate or up itself); ``cast_mode``: the rounding of the fp32 -> bf16/fp16 casts (both
+    of ``separate``'s; ``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint).
     """
-    return _call("separate", x, up, limit, profile, tile, out)
+    return _call("separate", x, up, limit, profile, tile, out, cast_mode)
 
 
 @register("swiglu", "fused", plan=plan_fused,
           summary="silu(gate) * up in one vector kernel (fp32 math, one rounding)")
-def fused(x, up=None, *, limit=None, profile=None, tile=None, out=None):
+def fused(x, up=None, *, limit=None, profile=None, tile=None, out=None, cast_mode=None):
     """``silu(gate) * up`` in one vector kernel: fp32 math, one cast to the storage dtype.
 
     ``fused(x)`` with ``x[..., 2*I] = [gate | up]`` (gate = ``x[..., :I]``) or ``fused(gate, up)``;
     options as :func:`separate`. Saves the silu kernel's GM write and the mul kernel's re-read of
     it (2*N*I*b bytes) and a launch.
     """
-    return _call("fused", x, up, limit, profile, tile, out)
+    return _call("fused", x, up, limit, profile, tile, out, cast_mode)
 
 
 from .linear import gate_up_swiglu, plan_gate_up_swiglu as plan_epilogue  # noqa: E402
@@ -436,10 +440,13 @@ from .linear import gate_up_swiglu, plan_gate_up_swiglu as plan_epilogue  # noqa
 
 @register("swiglu", "epilogue", plan=plan_epilogue,
           summary="gate and up projections in one cube kernel, SwiGLU in its epilogue (no gate/up in GM)")
-def epilogue(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None):
+def epilogue(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None, cast_mode=None):
     """``silu(x @ w_gate^T) * (x @ w_up^T)`` with the activation in the cube epilogue of the gate/up
-    projections: :func:`pypto_numba.linear.gate_up_swiglu` (the cube walk it extends lives there)."""
-    return gate_up_swiglu.__wrapped__(x, w_gate, w_up, limit=limit, profile=profile, cube_tiles=cube_tiles)
+    projections: :func:`pypto_numba.linear.gate_up_swiglu` (the cube walk it extends lives there).
+    ``cast_mode`` is accepted and has no effect: the cube's FIXPIPE always narrows with rint
+    (npu-facts 8.3)."""
+    return gate_up_swiglu.__wrapped__(x, w_gate, w_up, limit=limit, profile=profile, cube_tiles=cube_tiles,
+                                      cast_mode=cast_mode)
 
 
 # --- lab spec ---

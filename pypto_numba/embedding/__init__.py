@@ -58,7 +58,7 @@ from ..machine.ir.lines import first_line
 from ..machine.jit import device, kernel
 from ..machine.memo import CallMemo, memo_plan
 from ..machine.plan import ITEMSIZE, KernelPlan, Plan, align_elems, vector_tile
-from ..machine.profile import load_profile
+from ..machine.profile import load_profile, resolve_cast_mode
 from ..machine.tile import (
     GATHER_ROWS,
     LINE,
@@ -550,18 +550,23 @@ def _launch(c, weight, ids, out, copied):
 
 
 @register("embedding", "gather", plan=plan_gather, summary="gather rows by ids of any shape (no flatten)")
-def gather(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None):
+def gather(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None, cast_mode=None):
     """``weight[ids]``: ``weight[V, H]``, int32/int64 ``ids`` of any shape -> ``[*ids.shape, H]``.
 
     ``out``: optional preallocated result (C-contiguous, the weight's dtype, ``[*ids.shape, H]``);
-    reusing it saves the page faults of a fresh result.
+    reusing it saves the page faults of a fresh result. ``cast_mode`` is accepted and has no effect: rows are copied bit for bit (a bad mode name is still an error).
     """
+    if cast_mode is not None:
+        resolve_cast_mode(cast_mode, profile, "embedding.gather")
     return _call("gather", weight, ids, profile, row_tile, h_tile, out)
 
 
 @register("embedding", "index_select", plan=plan_index_select, summary="index_select rows by 1-D/2-D ids")
-def index_select(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None):
-    """``weight[ids]`` for 1-D or 2-D ``ids`` (higher rank: use :func:`gather`); ``out`` as gather."""
+def index_select(weight, ids, *, profile=None, row_tile=None, h_tile=None, out=None, cast_mode=None):
+    """``weight[ids]`` for 1-D or 2-D ``ids`` (higher rank: use :func:`gather`); ``out`` and
+    ``cast_mode`` (no effect) as gather."""
+    if cast_mode is not None:
+        resolve_cast_mode(cast_mode, profile, "embedding.index_select")
     return _call("index_select", weight, ids, profile, row_tile, h_tile, out)
 
 

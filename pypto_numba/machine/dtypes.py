@@ -29,7 +29,26 @@ Inside ``@njit`` code:
 - ``f32_as_u32`` / ``u32_as_f32``: scalar bit casts (LLVM ``bitcast``), no memory round trip.
 
 In Python: ``STORAGE``, ``KERNEL``, ``storage_name``, ``itemsize``, ``kernel_view``,
-``storage_view``, ``empty``, ``to_float32``, ``from_float32``.
+``storage_view``, ``empty``, ``to_float32``, ``from_float32``; the cast modes ``CAST_MODES``,
+``cast_mode``, :class:`CastMode`.
+
+Cast modes
+----------
+PyPTO's ``pl.cast`` narrows fp32 -> bf16/fp16 by one of six modes (npu-facts 8.3): ``rint``
+(nearest, ties to even: everything above, and the hicann lineage's default, npu-facts 4.5),
+``round`` (nearest, ties away from zero: ``pl.cast``'s default), ``floor``, ``ceil``, ``trunc``
+and ``odd``. ``odd`` is *round to odd* (von Neumann rounding, "jamming"): truncate, and set the
+lowest kept bit when any dropped bit is set. That is what CANN documents for ``CAST_ODD`` ("when
+the dropped part is not 0 and the kept part is even, carry"), not nearest-ties-to-odd; it never
+rounds a finite value to Inf. Overflow follows IEEE: ``rint``/``round`` give Inf; ``ceil`` gives
++Inf above the maximum and -max below -max, ``floor`` the mirror image; ``trunc`` and ``odd``
+give +-max. Inf stays Inf, NaN stays NaN (the rint NaN rules), subnormals are produced.
+(``none``, a reinterpretation, is not a narrowing.)
+
+In kernels the mode is a :class:`CastMode` *argument*, whose numba type carries the mode: each
+mode compiles its own specialisation (``rint``'s is the code above, unchanged), no kernel tests the
+mode per element. ``narrow(a, v, mode)`` / ``round_as(a, v, mode)`` take it as a third argument
+(omitted: rint). Which mode a strategy uses is resolved by ``profile.resolve_cast_mode``.
 
 Exactness
 ---------
@@ -61,16 +80,24 @@ import ml_dtypes
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
-from numba.extending import intrinsic, overload
+from numba.core import datamodel
+from numba.extending import NativeValue, intrinsic, overload, register_model, typeof_impl, unbox
 
+from pypto_numba.errors import PyptoNumbaError
 from pypto_numba.machine.ir.convert import (  # noqa: F401  (the IR forms, re-exported)
+    CAST_MODES,
     bf16_bits_ir,
+    bf16_bits_mode_ir,
     bf16_value_ir,
     fp16_bits_ir,
+    fp16_bits_mode_ir,
     fp16_value_ir,
     narrow_ir,
+    narrow_mode_ir,
+    round_mode_ir,
     widen_ir,
 )
+from pypto_numba.machine.ir.memory import ptr, raw_type, stream_store
 from pypto_numba.machine.jit import device, kernel
 
 __all__ = [
@@ -92,6 +119,11 @@ __all__ = [
     "widen",
     "narrow",
     "round_as",
+    "CAST_MODES",
+    "CastMode",
+    "CastModeError",
+    "cast_mode",
+    "store_narrow_mode",
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -177,6 +209,95 @@ def empty(shape, name):
 
 
 # ----------------------------------------------------------------------------------------------
+# Cast modes: a Python value whose numba type names the mode (a compile-time specialisation)
+# ----------------------------------------------------------------------------------------------
+
+
+class CastModeError(PyptoNumbaError):
+    """An unknown cast mode."""
+
+
+class CastMode:
+    """A narrowing mode, passed to kernels as an argument: its numba type :class:`CastModeType`
+    carries the mode, so one kernel source compiles once per mode (no per-element branch)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"CastMode({self.name!r})"
+
+    def __eq__(self, other):
+        return isinstance(other, CastMode) and other.name == self.name
+
+    def __hash__(self):
+        return hash(("CastMode", self.name))
+
+    def __reduce__(self):
+        return (cast_mode, (self.name,))
+
+
+_CAST_MODES = {name: CastMode(name) for name in CAST_MODES}
+RINT = _CAST_MODES["rint"]
+
+
+def cast_mode(mode, where: str = None) -> CastMode:
+    """The :class:`CastMode` called ``mode`` (a CastMode passes through); an unknown name raises
+    :class:`CastModeError` listing the modes (prefixed ``where:`` when given)."""
+    if isinstance(mode, CastMode):
+        return mode
+    if isinstance(mode, str) and mode in _CAST_MODES:
+        return _CAST_MODES[mode]
+    head = f"{where}: " if where else ""
+    raise CastModeError(
+        f"{head}unknown cast mode {mode!r}; modes: {', '.join(CAST_MODES)} (rint = nearest even, "
+        f"the hicann default; round = ties away, pl.cast's default)")
+
+
+class CastModeType(types.Dummy):
+    """The numba type of a :class:`CastMode`: one type per mode, no data."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        super().__init__(name=f"CastMode({mode})")
+
+
+register_model(CastModeType)(datamodel.models.OpaqueModel)
+
+
+@typeof_impl.register(CastMode)
+def _typeof_cast_mode(val, c):
+    return CastModeType(val.name)
+
+
+@unbox(CastModeType)
+def _unbox_cast_mode(typ, obj, c):
+    return NativeValue(c.context.get_dummy_value())
+
+
+def _mode_name(mode):
+    """The mode name of an overload's ``mode`` argument type: omitted / None -> rint."""
+    if mode is None or isinstance(mode, (types.Omitted, types.NoneType)):
+        return "rint"
+    if isinstance(mode, CastModeType):
+        return mode.mode
+    return None
+
+
+def store_narrow_mode(builder, v, data, off, kind, lanes, mode, align=1, nontemporal=False):
+    """``ir.store_narrow`` rounding by ``mode`` (rint: call ``ir.store_narrow`` itself)."""
+    raw = raw_type(kind)
+    p = ptr(builder, data, off, raw if lanes == 1 else ir.VectorType(raw, lanes))
+    y = narrow_mode_ir(builder, v, kind, lanes, mode)
+    if nontemporal:
+        stream_store(builder, y, p, align)
+    else:
+        builder.store(y, p, align=align)
+
+
+# ----------------------------------------------------------------------------------------------
 # Scalar bit casts (LLVM bitcast; vectorise to nothing)
 # ----------------------------------------------------------------------------------------------
 
@@ -252,6 +373,21 @@ def _f32_to_fp16(typingctx, f):
     return types.int16(types.float32), codegen
 
 
+@intrinsic
+def _f32_to_16_mode(typingctx, f, kview, mode):
+    """float32 -> bits of the 16-bit kernel dtype of ``kview`` (a uint16/int16 scalar type or
+    array) rounded by ``mode`` (a CastModeType)."""
+    t = _kernel_scalar_type(kview)
+    if not isinstance(f, types.Float) or t not in (types.uint16, types.int16) or not isinstance(mode, CastModeType):
+        return None
+    name = mode.mode
+
+    def codegen(context, builder, sig, args):
+        return narrow_mode_ir(builder, args[0], t, 1, name)
+
+    return t(types.float32, kview, mode), codegen
+
+
 @_converter
 def bf16_bits_to_f32(u):
     """bf16 bits (uint16, or any integer holding them in its low 16 bits) -> float32, exact."""
@@ -307,17 +443,24 @@ def widen(s):
     return out[()] if out.ndim == 0 else out
 
 
-def narrow(a, v):
-    """float32 value(s) -> the kernel dtype of array ``a`` (round to nearest even)."""
+def narrow(a, v, mode=None):
+    """float32 value(s) -> the kernel dtype of array ``a``, rounded by ``mode`` (a CastMode or
+    name; None: rint, round to nearest even)."""
     name = _dtype_name_of(a)
-    out = np.asarray(v, dtype=np.float32).astype(STORAGE[name]).view(KERNEL[name])
+    m = RINT if mode is None else cast_mode(mode)
+    f = np.asarray(v, dtype=np.float32)
+    if m is RINT or name == "fp32":
+        out = f.astype(STORAGE[name]).view(KERNEL[name])
+    else:
+        out = np.empty(f.shape, KERNEL[name])
+        _narrow_flat_mode(np.ascontiguousarray(f).reshape(-1), out.reshape(-1), m)
     return out[()] if out.ndim == 0 else out
 
 
-def round_as(a, v):
-    """float32 value(s) rounded to ``a``'s storage precision and widened back to float32."""
+def round_as(a, v, mode=None):
+    """float32 value(s) rounded to ``a``'s storage precision by ``mode`` and widened back."""
     name = _dtype_name_of(a)
-    out = np.asarray(v, dtype=np.float32).astype(STORAGE[name]).astype(np.float32)
+    out = narrow(np.empty(0, KERNEL[name]), v, mode).view(STORAGE[name]).astype(np.float32)
     return out[()] if out.ndim == 0 else out
 
 
@@ -342,26 +485,38 @@ def _widen_impl(s):
 
 
 @overload(narrow, jit_options={"forceinline": True})
-def _narrow_impl(a, v):
+def _narrow_impl(a, v, mode=None):
     t = _kernel_scalar_type(a)
+    m = _mode_name(mode)
+    if m is None:
+        return None
     if t == types.float32:
-        return lambda a, v: np.float32(v)
+        return lambda a, v, mode=None: np.float32(v)
+    if m != "rint" and t in (types.uint16, types.int16):
+        return lambda a, v, mode=None: _f32_to_16_mode(v, a, mode)
     if t == types.uint16:
-        return lambda a, v: f32_to_bf16_bits(v)
+        return lambda a, v, mode=None: f32_to_bf16_bits(v)
     if t == types.int16:
-        return lambda a, v: f32_to_fp16_bits(v)
+        return lambda a, v, mode=None: f32_to_fp16_bits(v)
     return None
 
 
 @overload(round_as, jit_options={"forceinline": True})
-def _round_as_impl(a, v):
+def _round_as_impl(a, v, mode=None):
     t = _kernel_scalar_type(a)
+    m = _mode_name(mode)
+    if m is None:
+        return None
     if t == types.float32:
-        return lambda a, v: np.float32(v)
+        return lambda a, v, mode=None: np.float32(v)
+    if m != "rint" and t == types.uint16:
+        return lambda a, v, mode=None: bf16_bits_to_f32(_f32_to_16_mode(v, a, mode))
+    if m != "rint" and t == types.int16:
+        return lambda a, v, mode=None: fp16_bits_to_f32(_f32_to_16_mode(v, a, mode))
     if t == types.uint16:
-        return lambda a, v: bf16_bits_to_f32(f32_to_bf16_bits(v))
+        return lambda a, v, mode=None: bf16_bits_to_f32(f32_to_bf16_bits(v))
     if t == types.int16:
-        return lambda a, v: fp16_bits_to_f32(f32_to_fp16_bits(v))
+        return lambda a, v, mode=None: fp16_bits_to_f32(f32_to_fp16_bits(v))
     return None
 
 
@@ -382,6 +537,12 @@ def _narrow_flat(f, out):
         out[i] = narrow(out, f[i])
 
 
+@kernel
+def _narrow_flat_mode(f, out, mode):
+    for i in prange(f.size):
+        out[i] = narrow(out, f[i], mode)
+
+
 def to_float32(a: np.ndarray) -> np.ndarray:
     """A new float32 array with the values of a storage array (or of a kernel-view array).
 
@@ -398,8 +559,9 @@ def to_float32(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def from_float32(f: np.ndarray, name) -> np.ndarray:
-    """A new storage array of dtype ``name`` from float32 values, rounded to nearest even.
+def from_float32(f: np.ndarray, name, mode=None) -> np.ndarray:
+    """A new storage array of dtype ``name`` from float32 values, rounded by ``mode`` (a cast
+    mode name or CastMode; None: rint, to nearest even).
 
     Inputs that are not float32 are converted to float32 first (for float64 that is a double
     rounding; pass float32 for the exact single-rounding result).
@@ -407,9 +569,13 @@ def from_float32(f: np.ndarray, name) -> np.ndarray:
     resolved = storage_name(name)
     if resolved is None:
         raise TypeError(f"from_float32: unknown storage dtype {name!r}")
+    m = RINT if mode is None else cast_mode(mode, "from_float32")
     f = np.asarray(f, dtype=np.float32, order="C")
     if resolved == "fp32":
         return f.copy()
     a, k = empty(f.shape, resolved)
-    _narrow_flat(f.reshape(-1), k.reshape(-1))
+    if m is RINT:
+        _narrow_flat(f.reshape(-1), k.reshape(-1))
+    else:
+        _narrow_flat_mode(f.reshape(-1), k.reshape(-1), m)
     return a

@@ -3,6 +3,13 @@
 The TOML files are the single source of truth for every hardware number. A profile may name a
 ``base`` profile and override only what differs. The active profile is, in order: the innermost
 ``use_profile(...)`` of the current thread/context, ``$PYPTO_NUMBA_PROFILE``, ``ascend910b``.
+
+The cast mode of the vector unit's fp32 -> bf16/fp16 narrowings (``machine/dtypes.py``) is, in
+order: a strategy's ``cast_mode=`` argument, the innermost ``use_cast_mode(...)``,
+``$PYPTO_NUMBA_CAST_MODE``, the profile's ``[numerics] cast_mode`` (``rint`` for the hicann
+lineage, npu-facts 4.5). PyPTO's ``pl.cast`` defaults to ``round`` (ties away, npu-facts 8.3):
+``use_cast_mode("round")`` emulates a kernel written with it. The cube's FIXPIPE always narrows
+with ``rint`` (npu-facts 8.3), whatever the mode.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from ..errors import PyptoNumbaError
 
 DEFAULT_PROFILE = "ascend910b"
 ENV_VAR = "PYPTO_NUMBA_PROFILE"
+CAST_MODE_ENV_VAR = "PYPTO_NUMBA_CAST_MODE"
 
 
 class ProfileError(PyptoNumbaError, KeyError):
@@ -136,6 +144,8 @@ class HardwareProfile:
     cube_model: CubeModel = None
     # the per-pipe time model ([pipes])
     pipes: PipeRates = None
+    # the default fp32 -> bf16/fp16 cast mode of the vector unit ([numerics] cast_mode)
+    cast_mode: str = "rint"
 
     def tile(self, key: str):
         """The default tile for ``key`` (e.g. ``"gelu_tile"``); KeyError names the profile."""
@@ -250,7 +260,17 @@ def _build(name: str, data: dict) -> HardwareProfile:
     kwargs["tiles"] = tiles
     kwargs["cube_model"] = _cube_model(name, data.get("cube_model", {}))
     kwargs["pipes"] = _section(name, "pipes", PipeRates, data.get("pipes", {}), zero_ok=("_k_bytes",))
+    kwargs["cast_mode"] = _cast_mode_field(name, data.get("numerics", {}))
     return HardwareProfile(**kwargs)
+
+
+def _cast_mode_field(name: str, section: dict) -> str:
+    from .dtypes import CAST_MODES
+
+    mode = section.get("cast_mode", "rint")
+    if mode not in CAST_MODES:
+        raise ProfileError(f"profile {name!r}: [numerics] cast_mode = {mode!r} is not one of {', '.join(CAST_MODES)}")
+    return mode
 
 
 def _cube_model(name: str, section: dict) -> CubeModel:
@@ -333,6 +353,49 @@ class use_profile:
 
     def __enter__(self) -> HardwareProfile:
         return self.profile
+
+    def __exit__(self, *exc):
+        self.restore()
+        return False
+
+
+_CAST_MODE: contextvars.ContextVar = contextvars.ContextVar("pypto_numba_cast_mode", default=None)
+
+
+def resolve_cast_mode(cast_mode=None, profile=None, where: str = None):
+    """The :class:`~.dtypes.CastMode` a strategy narrows with: ``cast_mode`` if given, else the
+    innermost ``use_cast_mode``, else ``$PYPTO_NUMBA_CAST_MODE``, else the profile's default. An
+    unknown name raises ``CastModeError`` listing the modes (prefixed ``where:``)."""
+    from .dtypes import cast_mode as _mode
+
+    if cast_mode is None:
+        cast_mode = _CAST_MODE.get()
+    if cast_mode is None:
+        env = os.environ.get(CAST_MODE_ENV_VAR)
+        if env:
+            return _mode(env, f"${CAST_MODE_ENV_VAR}")
+        cast_mode = load_profile(profile).cast_mode
+    return _mode(cast_mode, where)
+
+
+class use_cast_mode:
+    """Make ``mode`` the cast mode of every strategy: ``with use_cast_mode("round"): ...``
+    (PyPTO's ``pl.cast`` default). Like :class:`use_profile`, without ``with`` it holds for the
+    current context until :meth:`restore`."""
+
+    def __init__(self, mode):
+        from .dtypes import cast_mode as _mode
+
+        self.mode = _mode(mode, "use_cast_mode")
+        self._token = _CAST_MODE.set(self.mode)
+
+    def restore(self):
+        if self._token is not None:
+            _CAST_MODE.reset(self._token)
+            self._token = None
+
+    def __enter__(self):
+        return self.mode
 
     def __exit__(self, *exc):
         self.restore()

@@ -201,6 +201,7 @@ def _combine_kernel(
     tile,
     h_tile,
     acc_scr,
+    cm,
 ):
     """``out[t, :] = sum_j w[t, j] * x[t, j, :]`` in fp32, one cast; a task = token tile x h tile.
 
@@ -211,6 +212,7 @@ def _combine_kernel(
     out : [T, H] kernel view
     tile, h_tile : tokens and hidden elements per task
     acc_scr : [threads, h_tile] fp32 accumulator rows
+    cm : the cast mode of the narrowing to out (a ``dtypes.CastMode``)
     """
     T, K, H = x.shape
     n_tt = (T + tile - 1) // tile
@@ -237,7 +239,7 @@ def _combine_kernel(
                     acc[h] += wj * dtypes.widen(src[h])
             dst = out[t, c0:c0 + cols]
             for h in range(cols):
-                dst[h] = dtypes.narrow(out, acc[h])
+                dst[h] = dtypes.narrow(out, acc[h], cm)
         rows = r1 - r0
         tasks += 1
         gm_read += rows * K * cols * itemsize + rows * K * w_itemsize

@@ -8,6 +8,7 @@ import numpy as np
 from .. import inputs
 from ..errors import ConstraintError, ShapeError
 from ..machine import dtypes
+from ..machine.profile import resolve_cast_mode
 from ..strategy import Launch, register
 from .kernels import _combine_kernel, _gating_kernel
 from .options import _real_option
@@ -66,7 +67,8 @@ def _run_gating(variant, logits, top_k, bias, n_group, topk_group, group_score, 
 @register("moe", "sigmoid_gating", plan=plan_sigmoid_gating,
           summary="sigmoid scores, bias for selection only, grouped top-k (DeepSeek-V3, GLM-4.5)")
 def sigmoid_gating(logits, top_k, *, bias=None, n_group=1, topk_group=1, group_score="max",
-                   renormalize=True, routed_scaling_factor=1.0, eps=1e-20, profile=None, token_tile=None):
+                   renormalize=True, routed_scaling_factor=1.0, eps=1e-20, profile=None, token_tile=None,
+                   cast_mode=None):
     """Sigmoid routing: ``(weights float32[T, top_k], ids int32[T, top_k])``.
 
     ``s = sigmoid(logits)`` in fp32; experts are picked by ``s + bias`` (``bias[E]`` only steers
@@ -75,7 +77,10 @@ def sigmoid_gating(logits, top_k, *, bias=None, n_group=1, topk_group=1, group_s
     unbiased ``s`` of the picks, divided by ``sum + eps`` when ``renormalize``, times
     ``routed_scaling_factor``. Ordered by descending selection score, ties to the lower index.
     ``token_tile``: tokens per tile task (default: the profile's ``moe_token_tile``).
+    ``cast_mode`` is accepted and has no effect: the weights are fp32 (a bad mode name is still an error).
     """
+    if cast_mode is not None:
+        resolve_cast_mode(cast_mode, profile, "moe.sigmoid_gating")
     return _run_gating("sigmoid", logits, top_k, bias, n_group, topk_group, group_score, renormalize,
                        routed_scaling_factor, eps, profile, token_tile)
 
@@ -83,25 +88,29 @@ def sigmoid_gating(logits, top_k, *, bias=None, n_group=1, topk_group=1, group_s
 @register("moe", "softmax_gating", plan=plan_softmax_gating,
           summary="softmax scores, top-k, optional renormalise (Mixtral, Qwen-MoE)")
 def softmax_gating(logits, top_k, *, renormalize=False, routed_scaling_factor=1.0, n_group=1,
-                   topk_group=1, group_score="max", profile=None, token_tile=None):
+                   topk_group=1, group_score="max", profile=None, token_tile=None, cast_mode=None):
     """Softmax routing: ``(weights float32[T, top_k], ids int32[T, top_k])``.
 
     ``p = softmax(logits)`` in fp32; the top_k experts by ``p`` (descending, ties to the lower
     index); weights ``p`` of the picks, renormalised to sum 1 when ``renormalize``, times
     ``routed_scaling_factor``. Extra options ``n_group``/``topk_group``/``group_score`` apply the
     group filter of :func:`sigmoid_gating` to ``p`` (PyPTO's moe_gating_topk with softmax).
+    ``cast_mode`` is accepted and has no effect: the weights are fp32 (a bad mode name is still an error).
     """
+    if cast_mode is not None:
+        resolve_cast_mode(cast_mode, profile, "moe.softmax_gating")
     return _run_gating("softmax", logits, top_k, None, n_group, topk_group, group_score, renormalize,
                        routed_scaling_factor, 0.0, profile, token_tile)
 
 
 @register("moe", "combine", plan=plan_combine, summary="weighted sum of the top-k expert outputs in fp32")
-def combine(expert_out, weights, *, profile=None, token_tile=None, h_tile=None):
+def combine(expert_out, weights, *, profile=None, token_tile=None, h_tile=None, cast_mode=None):
     """``out[t, :] = sum_j weights[t, j] * expert_out[t, j, :]`` in fp32, cast to expert_out's dtype.
 
     ``expert_out[T, k, H]``, ``weights[T, k]`` (any storage dtype, widened to fp32).
     ``token_tile`` / ``h_tile``: tokens and hidden elements per tile task (profile defaults
-    ``moe_token_tile`` / ``moe_combine_h_tile``).
+    ``moe_token_tile`` / ``moe_combine_h_tile``). ``cast_mode``: the rounding of the one fp32 ->
+    bf16/fp16 cast (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint).
     """
     where = "moe.combine"
     xt = inputs.tensor(expert_out, "expert_out", where, min_rank=3, max_rank=3)
@@ -114,11 +123,12 @@ def combine(expert_out, weights, *, profile=None, token_tile=None, h_tile=None):
     p = plan_combine(xt.shape, xt.dtype, weights_dtype=wt.dtype, profile=profile, token_tile=token_tile,
                      h_tile=h_tile)
     w32 = wt.array if wt.dtype == "fp32" else dtypes.to_float32(wt.array)
+    cm = resolve_cast_mode(cast_mode, profile, where) if xt.dtype != "fp32" else dtypes.RINT
     out, out_k = dtypes.empty((xt.shape[0], xt.shape[2]), xt.dtype)
     with Launch(p, [xt.shape, wt.shape]) as run:
         run.count(
             _combine_kernel(xt.kview, w32, dtypes.itemsize(wt.dtype), out_k, p.params["token_tile"],
-                            p.params["h_tile"], _scratch(p.params["h_tile"]))
+                            p.params["h_tile"], _scratch(p.params["h_tile"]), cm)
         )
         run.workspace(xt.copied_bytes + wt.copied_bytes)
     return out

@@ -10,6 +10,8 @@ leading dims of x and over the H heads; ``R <= D`` even; dims ``R..D`` pass thro
     rmsnorm      y = x * rsqrt(mean(x**2, over D) + eps) * weight            (weight[D])
     fused        standard(rmsnorm(x, weight, eps), cos, sin), fp32 between the two
     cos_sin      f[p, i] = positions[p] * theta**(-2i/R); cos = cos(cat(f, f)), sin = sin(cat(f, f))
+                 (layout="interleaved": cos[2i] = cos[2i+1] = cos(f[i]), the tables interleaved needs;
+                 scaling=: HF rope_scaling linear / dynamic / llama3 / yarn, rope/scaling.py)
 
 All math is fp32 with one cast to the storage dtype at the end (cos/sin and weight share x's
 storage dtype). ``rmsnorm`` also accepts ``x[S, D]`` (read as H=1) and ``x[D]``.
@@ -67,7 +69,7 @@ element + D per task for the weight); fused = rmsnorm + rope with the casts of t
 The package: ``rotate_ir`` (the rotation of one head row in LLVM IR), ``rotate_plain`` (its
 readable form in plain numba loops, same bits), ``lines`` (how a task writes its rows: whole
 lines, streaming stores), ``kernels`` (the numba kernels), ``plans`` (shapes, tiles and counted
-cost), ``public`` (the strategies, their call memo, and cos_sin).
+cost), ``public`` (the strategies, their call memo, and cos_sin), ``scaling`` (HF rope_scaling).
 """
 
 from .plans import plan_cos_sin, plan_fused_rmsnorm, plan_interleaved, plan_rmsnorm, plan_standard

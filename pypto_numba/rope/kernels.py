@@ -85,6 +85,7 @@ def _norm_rope_kernel(
     direct,
     fscratch,
     oscratch,
+    cm,
 ):
     """rmsnorm (do_norm), standard rope (do_rope), or both fused with fp32 in between.
 
@@ -106,6 +107,7 @@ def _norm_rope_kernel(
     stream, direct : streaming stores; the fp32 registers-to-GM path
     fscratch : [threads, 4, max(D, R)] fp32 rows (normed row, weight, cos, sin)
     oscratch : [threads, D + one line] staging rows in out's kernel dtype
+    cm : the cast mode of the narrowing to out (a ``dtypes.CastMode``: one kernel per mode)
     """
     HD = x.shape[1]
     D = HD // H
@@ -169,11 +171,11 @@ def _norm_rope_kernel(
                     rstd = one / np.sqrt(ss * inv_d + eps32)
                     for j in range(uD):
                         y[j] = y[j] * rstd * wf[j]
-                    _rotate(y, np.uint64(0), staged, k, cf, sf, uhalf)  # fp32 in, one cast
+                    _rotate(y, np.uint64(0), staged, k, cf, sf, uhalf, cm)  # fp32 in, one cast
                     for j in range(uR, uD):
-                        staged[k + j] = dtypes.narrow(staged, y[j])
+                        staged[k + j] = dtypes.narrow(staged, y[j], cm)
                 else:
-                    _rotate(xf, off, staged, k, cf, sf, uhalf)
+                    _rotate(xf, off, staged, k, cf, sf, uhalf, cm)
                     _copy(xf, off + uR, staged, k + uR, uD - uR)  # pass-through: bit copy
                 k += uD
                 e, k, pre = put_row(staged, k, of, e, pre, L, stream)
@@ -209,6 +211,7 @@ def _interleaved_kernel(
     stream,
     fscratch,
     oscratch,
+    cm,
 ):
     """GPT-J RoPE: gathermask even/odd split (modes 1/2) to fp32, rotate, assemble interleaved.
 
@@ -217,6 +220,7 @@ def _interleaved_kernel(
     x, out, cos, sin, cbase, S, H, T, cast, stream : as :func:`_norm_rope_kernel`
     fscratch : [threads, 8, R/2] fp32 rows (x, cos, sin even/odd halves, rotated halves)
     oscratch : [threads, D + one line] staging rows in out's kernel dtype
+    cm : the cast mode, as :func:`_norm_rope_kernel`
     """
     HD = x.shape[1]
     D = HD // H
@@ -276,8 +280,8 @@ def _interleaved_kernel(
                 for k in range(uhalf):
                     yo[k] = xo[k] * co[k] + xe[k] * so[k]
                 for k in range(uhalf):  # assemble back into pairs, one cast
-                    staged[kk + two * k] = dtypes.narrow(staged, ye[k])
-                    staged[kk + two * k + 1] = dtypes.narrow(staged, yo[k])
+                    staged[kk + two * k] = dtypes.narrow(staged, ye[k], cm)
+                    staged[kk + two * k + 1] = dtypes.narrow(staged, yo[k], cm)
                 _copy(xf, off + uR, staged, kk + uR, uD - uR)
                 kk += uD
                 e, kk, pre = put_row(staged, kk, of, e, pre, L, stream)
@@ -291,8 +295,10 @@ def _interleaved_kernel(
 
 
 @kernel
-def _cos_sin_kernel(positions, inv_freq, cos, sin, T):
-    """HF tables cos/sin(cat(f, f)), f = position * inverse frequency, in float64, one cast."""
+def _cos_sin_kernel(positions, inv_freq, cos, sin, T, scale, interleaved):
+    """Tables cos/sin of f = position * inverse frequency, times ``scale`` (yarn's attention
+    factor; 1 otherwise), in float64, one cast. Layout: HF ``cat(f, f)``, or GPT-J pairs
+    ``(f0, f0, f1, f1, ...)`` when ``interleaved``."""
     P = positions.size
     half = inv_freq.size
     R = 2 * half
@@ -307,12 +313,14 @@ def _cos_sin_kernel(positions, inv_freq, cos, sin, T):
         for p in range(p0, p0 + valid):
             for i in range(half):
                 angle = positions[p] * inv_freq[i]
-                c = dtypes.narrow(cos, np.float32(_math.cos(angle)))
-                s = dtypes.narrow(sin, np.float32(_math.sin(angle)))
-                cos[p, i] = c
-                cos[p, half + i] = c
-                sin[p, i] = s
-                sin[p, half + i] = s
+                c = dtypes.narrow(cos, np.float32(scale * _math.cos(angle)))
+                s = dtypes.narrow(sin, np.float32(scale * _math.sin(angle)))
+                j0 = 2 * i if interleaved else i
+                j1 = j0 + 1 if interleaved else half + i
+                cos[p, j0] = c
+                cos[p, j1] = c
+                sin[p, j0] = s
+                sin[p, j1] = s
         tasks += 1
         gm_read += valid * 8 + half * 8
         gm_write += 2 * valid * R * b

@@ -10,6 +10,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from ..machine import dtypes
 from ..machine import ir as irb
 from ..machine.ir import LINE
 
@@ -94,7 +95,7 @@ def _rotate_stream(typingctx, out, o_off, x, x_off, cf, sf, c_off, half):
 
 
 @intrinsic
-def _rotate(typingctx, src, s_off, dst, d_off, cf, sf, half):
+def _rotate(typingctx, src, s_off, dst, d_off, cf, sf, half, mode=None):
     """Split-half rotation of one head row ``src[s_off:]`` (storage or fp32) into ``dst[d_off:]``
     (storage or fp32) with the fp32 tables ``cf``, ``sf`` from element 0: fp32 math, one rounding
     to ``dst``'s dtype (as :func:`dtypes.narrow`). Offsets and ``half`` are uint64.
@@ -103,12 +104,17 @@ def _rotate(typingctx, src, s_off, dst, d_off, cf, sf, half):
     each half one by one. As plain numba loops (kept as the readable reference:
     :func:`~pypto_numba.rope.rotate_plain.rotate_half_row`, same bits) LLVM picked 256-bit
     vectors, with alias checks and a scalar rest per half, and 16-bit rows ran slower.
+    ``mode``: the cast mode (a ``dtypes.CastMode``; omitted or rint: ``ir.store_narrow``).
     """
-    if not (_rows_of(_ANY_KIND, src, dst) and _rows_of(_F32_ONLY, cf, sf)):
+    if not (_rows_of(_ANY_KIND, src, dst) and _rows_of(_F32_ONLY, cf, sf)
+            and (mode is None or isinstance(mode, (types.NoneType, types.Omitted, dtypes.CastModeType)))):
         return None
+    if not isinstance(mode, dtypes.CastModeType):
+        mode = None
+    cast = "rint" if mode is None else mode.mode
 
     def codegen(context, builder, sig, args):
-        src_, s_off_, dst_, d_off_, cf_, sf_, h = args
+        src_, s_off_, dst_, d_off_, cf_, sf_, h = args[:7]
         kind = sig.args[2].dtype
         # _rotation_loop's argument order: (dst, d_off, src, s_off, cf, sf, c_off, half)
         lsig = types.void(sig.args[2], _U64, sig.args[0], _U64, sig.args[4], sig.args[5], _U64, _U64)
@@ -119,12 +125,16 @@ def _rotate(typingctx, src, s_off, dst, d_off, cf, sf, half):
         for lanes, start, count in ((V16, ir.Constant(h.type, 0), nv), (1, done, builder.sub(h, done))):
 
             def store(arr, off, val, lanes=lanes):
-                irb.store_narrow(builder, val, arr.data, off, kind, lanes, align=1)
+                if cast == "rint":
+                    irb.store_narrow(builder, val, arr.data, off, kind, lanes, align=1)
+                else:
+                    dtypes.store_narrow_mode(builder, val, arr.data, off, kind, lanes, cast, align=1)
 
             _rotation_loop(context, builder, lsig, largs, store, lanes, start, count)
         return context.get_dummy_value()
 
-    return types.void(src, _U64, dst, _U64, cf, sf, _U64), codegen
+    # an omitted mode is typed None (numba folds the default into the call's arguments)
+    return types.void(src, _U64, dst, _U64, cf, sf, _U64, types.none if mode is None else mode), codegen
 
 
 def _rotate_direct(of, o, xf, cf, sf, c, half):

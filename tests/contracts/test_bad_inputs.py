@@ -993,6 +993,52 @@ def _env_profile(name):
 raises("PYPTO_NUMBA_PROFILE-unknown", lambda: _env_profile("nope"), ProfileError, r"unknown hardware profile 'nope'")
 
 # ---------------------------------------------------------------------------------------------
+# cast modes: a bad name is refused by every strategy that takes cast_mode=, naming the modes
+
+from pypto_numba.machine.dtypes import CastModeError  # noqa: E402
+from pypto_numba.machine.profile import use_cast_mode  # noqa: E402
+
+_CM = r"unknown cast mode 'nearest'; modes: rint, round, floor, ceil, trunc, odd"
+_xb = np.ones((4, 32), BF16)
+_cs = rope.cos_sin(np.arange(4), 32, dtype=BF16)
+_ci = rope.cos_sin(np.arange(4), 32, dtype=BF16, layout="interleaved")
+_x4 = np.ones((4, 2, 32), BF16)
+for _cid, _call in (
+    ("gelu.tanh", lambda: gelu.tanh(_xb, cast_mode="nearest")),
+    ("gelu.erf", lambda: gelu.erf(_xb, cast_mode="nearest")),
+    ("swiglu.fused", lambda: swiglu.fused(_xb, cast_mode="nearest")),
+    ("swiglu.separate", lambda: swiglu.separate(_xb, cast_mode="nearest")),
+    ("swiglu.epilogue", lambda: swiglu.epilogue(_xb, _xb, _xb, cast_mode="nearest")),
+    ("softmax.whole_row", lambda: softmax.whole_row(_xb, cast_mode="nearest")),
+    ("softmax.online", lambda: softmax.online(_xb, cast_mode="nearest")),
+    ("mean.sum_div", lambda: mean.sum_div(_xb, cast_mode="nearest")),
+    ("rmsnorm.plain", lambda: rmsnorm.plain(_xb, _xb[0], cast_mode="nearest")),
+    ("rmsnorm.fused_add", lambda: rmsnorm.fused_add(_xb, _xb, _xb[0], cast_mode="nearest")),
+    ("rope.standard", lambda: rope.standard(_x4, *_cs, cast_mode="nearest")),
+    ("rope.interleaved", lambda: rope.interleaved(_x4, *_ci, cast_mode="nearest")),
+    ("rope.rmsnorm", lambda: rope.rmsnorm(_x4, _xb[0], cast_mode="nearest")),
+    ("rope.fused_rmsnorm", lambda: rope.fused_rmsnorm(_x4, _xb[0], *_cs, cast_mode="nearest")),
+    ("linear.matmul_add", lambda: linear.matmul_add(_xb, _xb, cast_mode="nearest")),
+    ("linear.fused_bias", lambda: linear.fused_bias(_xb, _xb, cast_mode="nearest")),
+    ("moe.combine", lambda: moe.combine(np.ones((4, 2, 32), BF16), np.ones((4, 2), F32), cast_mode="nearest")),
+    ("moe.softmax_gating", lambda: moe.softmax_gating(np.ones((4, 8), F32), 2, cast_mode="nearest")),
+    ("moe.sigmoid_gating", lambda: moe.sigmoid_gating(np.ones((4, 8), F32), 2, cast_mode="nearest")),
+    ("embedding.gather", lambda: embedding.gather(_xb, np.array([1, 2]), cast_mode="nearest")),
+    ("embedding.index_select", lambda: embedding.index_select(_xb, np.array([1, 2]), cast_mode="nearest")),
+    ("repeat_kv.expand_clone", lambda: repeat_kv.expand_clone(np.ones((1, 2, 4, 32), BF16), 2, cast_mode="nearest")),
+):
+    raises(f"{_cid}-cast-mode-unknown", _call, CastModeError, _CM)
+raises("use_cast_mode-unknown", lambda: use_cast_mode("RINT"), CastModeError, r"use_cast_mode: unknown cast mode 'RINT'")
+raises("rope.cos_sin-scaling-unknown", lambda: rope.cos_sin(np.arange(4), 8, scaling={"rope_type": "su"}),
+       ConstraintError, r"unknown rope_scaling type 'su'; supported: default, linear, dynamic, llama3, yarn")
+raises("rope.cos_sin-scaling-missing", lambda: rope.cos_sin(np.arange(4), 8, scaling={"type": "linear"}),
+       ConstraintError, r"rope_scaling of type 'linear' lacks factor")
+raises("rope.cos_sin-layout-unknown", lambda: rope.cos_sin(np.arange(4), 8, layout="neox"), ConstraintError,
+       r"layout must be 'half'")
+raises("rope.interleaved-half-tables", lambda: rope.interleaved(_x4, *_cs), ConstraintError,
+       r"split-half \(HF\) table.*layout='interleaved'")
+
+# ---------------------------------------------------------------------------------------------
 # compare / advise
 
 raises("compare-op-unknown", lambda: pn.compare("conv2d"), PyptoNumbaError, r"compare: unknown op 'conv2d'")
