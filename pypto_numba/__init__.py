@@ -14,7 +14,7 @@ FLOPs). Typical use::
 from .errors import ConfigError, ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
 from .machine.cost import Cost, Estimate
 from .machine.plan import Plan
-from .machine.profile import HardwareProfile, active_profile, load_profile, profiles, use_profile
+from .machine.profile import HardwareProfile, active_profile, load_profile, profiles, use_cast_mode, use_profile
 from .strategy import SEED, strategies, trace
 from .compare import compare
 from .advise import advise
@@ -60,5 +60,6 @@ __all__ = [
     "swiglu",
     "trace",
     "tune",
+    "use_cast_mode",
     "use_profile",
 ]
