@@ -145,13 +145,16 @@ def evaluate(
     valid_axis: int = 0,
     zero_tail: bool = False,
     scores=None,
+    diff_thd: float = None,
+    pct_thd: float = None,
     max_diff_hd: float = math.inf,
 ) -> Result:
     """Compare ``actual`` (any float dtype) with the float64 ``reference`` under ``policy``.
 
-    ``valid_rows``/``valid_axis``/``zero_tail``, ``scores`` (tie-aware ids) and ``max_diff_hd``
-    (``reldiff``'s worst allowed bad rdiff): see the module docstring. For ``reldiff``, ``rtol`` and
-    ``atol`` are ignored: its (diff_thd, pct_thd) are :func:`tolerances`'."""
+    ``valid_rows``/``valid_axis``/``zero_tail`` and ``scores`` (tie-aware ids): see the module
+    docstring. ``reldiff`` takes ``diff_thd``, ``pct_thd`` (default :func:`tolerances`') and
+    ``max_diff_hd`` (the worst bad rdiff allowed), and ignores ``rtol``/``atol`` (an op's tolerances
+    are allclose-style)."""
     _check_policy(policy)
     a_full = np.asarray(actual)
     integer = a_full.dtype.kind in "iub"
@@ -168,7 +171,8 @@ def evaluate(
             scores = np.take(np.asarray(scores), keep, axis=valid_axis)
     d_rtol, d_atol = tolerances(policy, dtype)
     if policy == "reldiff":
-        rtol, atol = d_rtol, d_atol
+        rtol = d_rtol if diff_thd is None else float(diff_thd)
+        atol = d_atol if pct_thd is None else float(pct_thd)
     rtol = d_rtol if rtol is None else float(rtol)
     atol = d_atol if atol is None else float(atol)
     n = a.size
@@ -327,7 +331,8 @@ def rel_l2(actual, expected) -> float:
     a = np.asarray(actual).astype(np.float64).ravel()
     e = np.asarray(expected, dtype=np.float64).ravel()
     den = float(np.linalg.norm(e))
-    num = float(np.linalg.norm(a - e))
+    with np.errstate(invalid="ignore", over="ignore"):
+        num = float(np.linalg.norm(a - e))
     return num / den if den else (0.0 if num == 0 else math.inf)
 
 
@@ -335,10 +340,11 @@ def cosine(actual, expected) -> float:
     """Cosine similarity of the flattened outputs (1.0 when both are zero)."""
     a = np.asarray(actual).astype(np.float64).ravel()
     e = np.asarray(expected, dtype=np.float64).ravel()
-    na, ne = float(np.linalg.norm(a)), float(np.linalg.norm(e))
-    if na == 0 or ne == 0:
-        return 1.0 if na == ne else 0.0
-    return float(a @ e) / (na * ne)
+    with np.errstate(invalid="ignore", over="ignore"):
+        na, ne = float(np.linalg.norm(a)), float(np.linalg.norm(e))
+        if na == 0 or ne == 0:
+            return 1.0 if na == ne else 0.0
+        return float(a @ e) / (na * ne)
 
 
 def rdiff(actual, expected, diff_thd: float = 0.01) -> np.ndarray:
