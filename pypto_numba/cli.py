@@ -54,10 +54,11 @@ def _compare(args) -> int:
         return _layer(args)
     ops = [args.op] if args.op else list(strategy.OPS)
     results = []
-    if getattr(args, "exact", False):  # for the rest of this command
+    if getattr(args, "exact", False):  # this command only, under use_exact()
         from .exact import use_exact
 
-        use_exact(True)
+        with use_exact():
+            return _compare(argparse.Namespace(**{**vars(args), "exact": False}))
     for op in ops:
         shape = parse_shape(args.shape) if args.shape else None
         inputs = make_inputs(op, shape, args.dtype, seed=args.seed)
