@@ -193,7 +193,10 @@ def evaluate(
     max_ulps = float(np.where(exact, 0.0, ulps).max()) if n else 0.0
     mean_abs = float(np.where(np.isfinite(err), err, 0.0).mean()) if n else 0.0
     nonfinite_bad = int(np.count_nonzero(~np.isfinite(err)))
-    dist = None if integer else distribution(a, r, dtype if dtype in _TOL["outlier"] else "fp32")
+    # the 0.5 % rule of the distribution at this comparison's (rtol, atol) where they are allclose-style
+    same = policy in ("allclose", "outlier", "allclose_ratio", "distribution")
+    dist = None if integer else distribution(a, r, dtype if dtype in _TOL["outlier"] else "fp32",
+                                             rtol if same else None, atol if same else None)
 
     if policy in ("allclose", "outlier", "allclose_ratio"):
         over = err > atol + rtol * np.abs(np.where(finite_ref, r, 0.0))

@@ -226,3 +226,22 @@ def test_compare_and_cli_accept_the_new_policies(policy, capsys):
     assert main(["compare", "gelu", "--shape", "2,64", "--dtype", "fp32", "--policy", policy, "--repeats", "1",
                  "--format", "json"]) == 0
     assert f'"policy": "{policy}"' in capsys.readouterr().out
+
+
+def test_op_pages_show_the_distribution_per_strategy_and_dtype():
+    from pypto_numba.report.markdown import distribution_table
+    from pypto_numba.report.measuring import Run, worst_distribution
+
+    exp = np.linspace(1, 2, 100)
+    small = precision.evaluate(exp * (1 + 1e-4), exp, "fp32", "allclose")
+    big = precision.evaluate(exp * (1 + 2e-2), exp, "bf16", "allclose")
+    assert worst_distribution([small, big]) is big.distribution
+    runs = [Run("tanh", "fp32", verdict="PASS", distribution=small.distribution),
+            Run("tanh", "bf16", verdict="FAIL", distribution=big.distribution),
+            Run("erf", "bf16", error="TileError: no")]
+    lines = distribution_table(runs)
+    body = [ln for ln in lines if ln.startswith("| fp32") or ln.startswith("| bf16")]
+    assert len(body) == 2  # the error row has no distribution
+    assert body[0].startswith("| fp32 | `tanh` | 0.0001 |") and "| 0 % |" in body[0]
+    assert body[1].startswith("| bf16 | `tanh` | 0.02 |") and "| 100 % | 100 % | 0 % |" in body[1]
+    assert distribution_table([Run("x", "fp32", error="boom")]) == []
