@@ -217,9 +217,9 @@ def distribution_table(runs: list) -> list:
         return []
     head = (["dtype", "strategy", "rel-L2", "cosine"] + [f"rdiff > {t:g}" for t in shown]
             + ["rdiff p99", "rdiff max", "0.5 % rule at the op's tolerances (bad/allowed)"])
-    return ["", "Error distribution (pypto-lib's `error_distribution`, `policy=\"distribution\"`: rel-L2, "
-            "cosine, the share of points whose floored relative difference exceeds each threshold):", ""] + table(
-        head, rows)
+    intro = ("Error distribution (pypto-lib's `error_distribution`, `policy=\"distribution\"`: rel-L2, "
+             "cosine, the share of points whose floored relative difference exceeds each threshold):")
+    return ["", intro, ""] + table(head, rows)
 
 
 def measured_block(block_id: str, lines: list) -> list:

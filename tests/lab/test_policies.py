@@ -10,7 +10,6 @@ import pypto_numba as pn
 from pypto_numba import precision
 from pypto_numba.cli import main
 
-
 # --- reldiff -------------------------------------------------------------------------------------
 
 
@@ -194,7 +193,7 @@ def test_kernel_ids_against_a_higher_index_tie_break():
 
     rng = np.random.default_rng(3)
     logits = rng.integers(-4, 5, size=(32, 64)).astype(np.float32).astype(ml_dtypes.bfloat16)
-    weights, ids = pn.moe.softmax_gating(logits, 8)
+    _, ids = pn.moe.softmax_gating(logits, 8)
     x = logits.astype(np.float64)
     p = np.exp(x - x.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
@@ -240,7 +239,7 @@ def test_op_pages_show_the_distribution_per_strategy_and_dtype():
             Run("tanh", "bf16", verdict="FAIL", distribution=big.distribution),
             Run("erf", "bf16", error="TileError: no")]
     lines = distribution_table(runs)
-    body = [ln for ln in lines if ln.startswith("| fp32") or ln.startswith("| bf16")]
+    body = [ln for ln in lines if ln.startswith(("| fp32", "| bf16"))]
     assert len(body) == 2  # the error row has no distribution
     assert body[0].startswith("| fp32 | `tanh` | 0.0001 |") and "| 0 % |" in body[0]
     assert body[1].startswith("| bf16 | `tanh` | 0.02 |") and "| 100 % | 100 % | 0 % |" in body[1]
