@@ -244,3 +244,30 @@ def test_op_pages_show_the_distribution_per_strategy_and_dtype():
     assert body[0].startswith("| fp32 | `tanh` | 0.0001 |") and "| 0 % |" in body[0]
     assert body[1].startswith("| bf16 | `tanh` | 0.02 |") and "| 100 % | 100 % | 0 % |" in body[1]
     assert distribution_table([Run("x", "fp32", error="boom")]) == []
+
+
+def test_compare_scores_ids_tie_aware_when_the_reference_gives_scores(monkeypatch):
+    """compare passes a reference's extra array (the selection scores) to the id comparison; the
+    moe spec's references do not give it yet, so this uses a softmax-gating row that does."""
+    import dataclasses
+
+    import ml_dtypes
+
+    from pypto_numba import strategy
+    from pypto_numba.lab import Variant
+
+    def reference(x, _bias, **_):
+        p = np.exp(x.astype(np.float64) - x.astype(np.float64).max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        ids = p.shape[1] - 1 - np.argsort(-p[:, ::-1], axis=-1, kind="stable")[:, :8]  # ties high
+        return np.take_along_axis(p, ids, -1), ids, p
+
+    row = Variant("softmax_gating", lambda x, _bias, **o: pn.moe.softmax_gating(x, 8, **o), reference, True)
+    spec = strategy.spec("moe")
+    monkeypatch.setitem(strategy._SPECS, "moe", spec)  # restored after the test
+    dataclasses.replace(spec, variants=lambda: [row])  # registers itself as "moe"
+    logits = np.random.default_rng(3).integers(-4, 5, size=(32, 64)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    cmp = pn.compare("moe", logits, np.zeros(64, np.float32), repeats=1)
+    weights, ids = cmp.rows[0].precision
+    assert ids.ties > 0 and ids.passed and weights.passed and cmp.rows[0].verdict == "PASS"
+    assert cmp.to_dict()["rows"][0]["precision"][1]["ties"] == ids.ties
