@@ -16,6 +16,7 @@ from .machine.cost import Cost, Estimate
 from .machine.plan import Plan
 from .machine.profile import HardwareProfile, active_profile, load_profile, profiles, use_cast_mode, use_profile
 from .strategy import SEED, strategies, trace
+from .exact import exact_active, use_exact
 from .compare import compare
 from .advise import advise
 
@@ -45,6 +46,7 @@ __all__ = [
     "attention",
     "compare",
     "embedding",
+    "exact_active",
     "gelu",
     "layers",
     "linear",
@@ -61,5 +63,6 @@ __all__ = [
     "trace",
     "tune",
     "use_cast_mode",
+    "use_exact",
     "use_profile",
 ]

@@ -54,6 +54,11 @@ def _compare(args) -> int:
         return _layer(args)
     ops = [args.op] if args.op else list(strategy.OPS)
     results = []
+    if getattr(args, "exact", False):  # this command only, under use_exact()
+        from .exact import use_exact
+
+        with use_exact():
+            return _compare(argparse.Namespace(**{**vars(args), "exact": False}))
     for op in ops:
         shape = parse_shape(args.shape) if args.shape else None
         inputs = make_inputs(op, shape, args.dtype, seed=args.seed)
@@ -254,7 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", help="input shape, comma-separated (default: the op's default scenario)")
     p.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--profile", default=None, help="hardware profile (default: the active one)")
-    p.add_argument("--policy", default=None, choices=("allclose", "outlier", "dual"))
+    p.add_argument("--policy", default=None, choices=("allclose", "outlier", "dual", "allclose_ratio", "reldiff",
+                                                      "distribution"))
+    p.add_argument("--exact", action="store_true",
+                   help="run under use_exact(): inputs widened to fp32, no intermediate rounding (pypto_numba/exact.py)")
     p.add_argument("--strategy", action="append", help="only this strategy (repeatable)")
     p.add_argument("--dim", type=int, default=None, help="reduction dim (mean)")
     p.add_argument("--repeats", type=int, default=5, help="warm runs timed per strategy (median)")

@@ -26,6 +26,7 @@ import numpy as np
 
 from . import precision
 from .errors import ConstraintError, DTypeError, PyptoNumbaError, ShapeError, TileError
+from .exact import exact_active
 from .lab.spec import OpSpec, Variant  # noqa: F401  (Variant: compare's row type, re-exported)
 from .machine import dtypes
 from .machine.cost import MODELS, Cost
@@ -74,6 +75,7 @@ class Comparison:
     policy: str
     profile: str
     rows: list
+    exact: bool = False  # run under use_exact(): bf16/fp16 inputs widened, fp32 storage (exact.py)
 
     def _table(self):
         head = ["strategy", "verdict", "max_abs", "max_rel", "ulps", "kernels", "tasks", "GM read",
@@ -113,7 +115,8 @@ class Comparison:
 
     def title(self) -> str:
         shapes = " ".join("x".join(map(str, s)) for s in self.shapes)
-        return f"{self.op} [{shapes}] {self.dtype} on {self.profile}, policy {self.policy}"
+        exact = ", EXACT (fp32 storage, no intermediate rounding)" if self.exact else ""
+        return f"{self.op} [{shapes}] {self.dtype} on {self.profile}, policy {self.policy}{exact}"
 
     def to_markdown(self) -> str:
         head, body = self._table()
@@ -139,7 +142,8 @@ class Comparison:
 
     def to_dict(self) -> dict:
         return {"op": self.op, "shapes": [list(s) for s in self.shapes], "dtype": self.dtype,
-                "policy": self.policy, "profile": self.profile, "rows": [r.as_dict() for r in self.rows],
+                "policy": self.policy, "profile": self.profile, "exact": self.exact,
+                "rows": [r.as_dict() for r in self.rows],
                 "model_check": self.model_check()}
 
     def to_json(self) -> str:
@@ -261,7 +265,9 @@ def compare(
             f"use numpy.asarray(x, dtype=numpy.float32)"
         )
     dtype = dtypes.storage_name(arrays[0].dtype) or str(arrays[0].dtype)
-    rtol, atol = c.tolerance(dtype)
+    exact = exact_active()
+    run_dtype = "fp32" if exact else dtype  # exact runs are fp32 runs: scored and priced as such
+    rtol, atol = c.tolerance(run_dtype)
     rows = []
     timed = []
     prof_name = None
@@ -278,11 +284,13 @@ def compare(
         ref = variant.reference(*inputs, **options)
         refs = ref if isinstance(ref, tuple) else (ref,)
         outs = c.outputs(result)
-        row.precision = [precision.evaluate(o, r, dtype, policy, rtol, atol) for o, r in zip(outs, refs)]
+        scores = refs[len(outs)] if len(refs) > len(outs) else None  # selection scores: tie-aware ids
+        row.precision = [precision.evaluate(o, r, run_dtype, policy, rtol, atol, scores=scores)
+                         for o, r in zip(outs, refs)]
         row.cost = sum((r.cost for r in t.records), Cost())
         plans = list({id(r.plan): r.plan for r in t.records}.values())
         row.hints = tuple((p.where, h) for p in plans for h in p.hints)
-        row.estimates = {m: row.cost.estimate(prof_name, dtype, model=m) for m in MODELS}
+        row.estimates = {m: row.cost.estimate(prof_name, run_dtype, model=m) for m in MODELS}
         row.estimate = row.estimates["pipes"]
         row.trace = t
         rows.append(row)
@@ -301,7 +309,8 @@ def compare(
     from .machine.profile import load_profile
 
     return Comparison(op=op, shapes=tuple(a.shape for a in arrays),
-                      dtype=dtype, policy=policy, profile=prof_name or load_profile(profile).name, rows=rows)
+                      dtype=dtype, policy=policy, profile=prof_name or load_profile(profile).name, rows=rows,
+                      exact=exact)
 
 
 def parse_shape(text: str) -> tuple:

@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import time
 
+from .exact import exact_active, exact_aware
 from .interop import torch_aware
 from .machine.cost import Cost
 from .machine.plan import Plan
@@ -81,11 +82,13 @@ _REGISTRY: dict = {}
 def register(op: str, name: str, *, plan, summary: str = ""):
     """Decorator registering ``fn`` as strategy ``op.name``; attaches ``fn.plan`` and ``fn.strategy``.
 
-    The registered function is ``fn`` wrapped by :func:`~pypto_numba.interop.torch_aware` (CPU torch
-    tensors in, torch tensors out; ``functools.wraps`` keeps the name, docstring and signature).
+    The registered function is ``fn`` wrapped by :func:`~pypto_numba.exact.exact_aware` (inputs
+    widened to fp32 under ``use_exact()``), then by :func:`~pypto_numba.interop.torch_aware` (CPU
+    torch tensors in, torch tensors out; ``functools.wraps`` keeps the name, docstring and signature).
     """
 
     def wrap(fn):
+        fn = exact_aware(fn, f"{op}.{name}")  # fp32-widened inputs under use_exact() (pypto_numba/exact.py)
         fn = torch_aware(fn, f"{op}.{name}")  # torch tensors in and out (pypto_numba/interop.py)
         entry = Strategy(op=op, name=name, fn=fn, plan=plan, summary=summary or (fn.__doc__ or "").strip().split("\n")[0])
         _REGISTRY.setdefault(op, {})[name] = entry
@@ -141,6 +144,7 @@ class Record:
     profile: str
     params: dict = dataclasses.field(default_factory=dict)
     plan: Plan = dataclasses.field(default=None, repr=False, compare=False)  # the kernels' plan
+    exact: bool = False  # run under use_exact(): fp32 storage, priced as fp32 (pypto_numba/exact.py)
 
 
 class Trace:
@@ -271,6 +275,7 @@ class Launch:
                 profile=self.plan.profile.name,
                 params=dict(self.plan.params),
                 plan=self.plan,
+                exact=exact_active(),
             )
             for t in traces:
                 t.records.append(record)

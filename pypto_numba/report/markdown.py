@@ -197,12 +197,38 @@ def measured_table(runs: list) -> list:
     return table(["dtype", "strategy", "verdict", "max abs", "max rel", "ulps", "CPU ms", "GM bytes (counted)"], rows)
 
 
+def distribution_table(runs: list) -> list:
+    """pypto-lib's error_distribution per strategy and dtype (precision.Distribution; npu-facts 8.3):
+    a measurement, not a verdict."""
+    from ..precision import DIFF_THRESHOLDS
+
+    shown = [t for t in DIFF_THRESHOLDS if t in (1e-3, 1e-2, 5e-2)]
+    rows = []
+    for r in runs:
+        d = r.distribution
+        if r.error or d is None:
+            continue
+        rel = d.quantiles.get("rel", {})
+        rows.append([r.dtype, f"`{r.label}`", f"{d.rel_l2:.3g}", f"{d.cosine:.7f}"]
+                    + [f"{100 * d.above[t]:.3g} %" for t in shown]
+                    + [f"{rel.get(0.99, float('nan')):.3g}", f"{rel.get(1.0, float('nan')):.3g}",
+                       f"{d.outliers}/{d.allowed}"])
+    if not rows:
+        return []
+    head = (["dtype", "strategy", "rel-L2", "cosine"] + [f"rdiff > {t:g}" for t in shown]
+            + ["rdiff p99", "rdiff max", "0.5 % rule at the op's tolerances (bad/allowed)"])
+    intro = ("Error distribution (pypto-lib's `error_distribution`, `policy=\"distribution\"`: rel-L2, "
+             "cosine, the share of points whose floored relative difference exceeds each threshold):")
+    return ["", intro, ""] + table(head, rows)
+
+
 def measured_block(block_id: str, lines: list) -> list:
     return [f"<!-- measured:begin {block_id} -->"] + lines + [f"<!-- measured:end {block_id} -->"]
 
 
 def measured_lines(sc: Scenario, runs: list) -> list:
-    return [f"![precision per strategy and dtype]({CHARTS}/{sc.name}-precision.svg)", ""] + measured_table(runs)
+    return ([f"![precision per strategy and dtype]({CHARTS}/{sc.name}-precision.svg)", ""] + measured_table(runs)
+            + distribution_table(runs))
 
 
 def summary_page(results: list, profile_name: str, measured: dict) -> str:

@@ -22,6 +22,13 @@ class Run:
     gm_bytes: int = 0
     policy: str = ""
     error: str = ""
+    distribution: object = None  # precision.Distribution of the float output with the largest rel-L2
+
+
+def worst_distribution(results):
+    """The Distribution with the largest rel-L2 among ``results`` (precision.Result), None if none."""
+    dists = [r.distribution for r in results if r.distribution is not None]
+    return max(dists, key=lambda d: d.rel_l2) if dists else None
 
 
 def measure(sc: Scenario, dtype: str, profile, repeats: int) -> list:
@@ -47,7 +54,8 @@ def measure(sc: Scenario, dtype: str, profile, repeats: int) -> list:
                         max_abs=max(p.max_abs for p in row.precision),
                         max_rel=max(p.max_rel for p in row.precision),
                         ulps=max(p.max_ulps for p in row.precision),
-                        cpu_seconds=row.seconds, gm_bytes=row.cost.gm_bytes))
+                        cpu_seconds=row.seconds, gm_bytes=row.cost.gm_bytes,
+                        distribution=worst_distribution(row.precision)))
     return runs
 
 
@@ -96,7 +104,8 @@ def _measure_variants(op, spec, dtype, profile, repeats) -> list:
                             policy=c.tolerance.policy,
                             max_abs=max(r.max_abs for r in res), max_rel=max(r.max_rel for r in res),
                             ulps=max(r.max_ulps for r in res), cpu_seconds=statistics.median(times),
-                            gm_bytes=sum((r.cost for r in t.records), Cost()).gm_bytes))
+                            gm_bytes=sum((r.cost for r in t.records), Cost()).gm_bytes,
+                            distribution=worst_distribution(res)))
     return runs
 
 
