@@ -16,9 +16,9 @@
 
 Rounding: every op output is in the storage dtype, the residual in fp32 (production's carry,
 npu-facts 8.4); RMSNorm weights are fp32, q_norm/k_norm's are cast to the storage dtype for
-``rope.fused_rmsnorm`` (it takes x's dtype only). Host steps (the layout transposes around
-attention, the cache write, the residual adds of the unfused ``plain`` strategy and the layer's
-last add) count no kernel: the plan lists them with no cost.
+``rope.fused_rmsnorm`` (it takes x's dtype only). Attention reads q and writes its result in the
+projections' ``[B, S, H, D]`` layout (``layout="bshd"``). Host steps (the residual adds of the
+unfused ``plain`` strategy and the layer's last add) count no kernel: the plan lists none.
 """
 
 from __future__ import annotations
@@ -216,15 +216,14 @@ class Qwen3Layer:
         attention.write_kv(cache.k, cache.v, k.reshape(B * S, Hkv, D), v.reshape(B * S, Hkv, D),
                            cache.slots(positions))
         lens = np.maximum(cache.lens, positions.max(axis=1) + 1)
-        q_bhsd = np.ascontiguousarray(q.transpose(0, 2, 1, 3))
         if "attention" in exact:
             kd, vd = cache.dense(int(lens.max()))
-            a = _exact(ref.attention(q_bhsd, kd, vd, lens), dt)
-        else:
-            a = getattr(attention, s["attention"])(q_bhsd, cache.k, cache.v, block_table=cache.table, kv_len=lens,
-                                                   causal=True, **kw)
+            a = _exact(ref.attention(q.transpose(0, 2, 1, 3), kd, vd, lens).transpose(0, 2, 1, 3), dt)
+        else:  # q and the result in the projections' [B, S, H, D] layout: no host transpose
+            a = getattr(attention, s["attention"])(q, cache.k, cache.v, block_table=cache.table, kv_len=lens,
+                                                   causal=True, layout="bshd", **kw)
         cache.lens[:] = lens
-        a = np.ascontiguousarray(a.transpose(0, 2, 1, 3)).reshape(B, S, Hq * D)
+        a = a.reshape(B, S, Hq * D)
         o = project("o_proj", a, "self_attn.o_proj.weight")
         # post-attention norm with the residual add
         w_post = w["post_attention_layernorm.weight"]
@@ -325,10 +324,6 @@ def plan_qwen3(config, phase="decode", batch=1, context=4096, dtype="bf16", stra
     add("attention", "attention", s["attention"],
         attention.plan_paged(s["attention"], (B, Hq, S, D), (B * pages, bs, Hkv, D), (B, pages), None, dt,
                              kv_len=[C] * B, **kw, **opts))
-    b = dtypes.itemsize(dt)
-    add("layout", "host", "transpose", None,
-        f"host transposes of q to [B, Hq, S, D] and of the attention output back: 2 x {B * S * Hq * D * b} B "
-        f"copied, no kernel (attention's coming layout='bshd' removes them)")
     project("o_proj", (B, S), H, Hq * D)
     if s["rmsnorm"] == "fused_add":
         add("post_norm", "rmsnorm", "fused_add",
