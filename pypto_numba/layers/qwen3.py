@@ -5,7 +5,7 @@
     q, k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T           qkv          linear (3 calls)
     q, k = rope(rmsnorm_head(q)), rope(rmsnorm_head(k))
                                                      qk_norm_rope rope.fused_rmsnorm | rmsnorm.plain + rope.standard
-    cache <- k, v                                    kv_write     attention.write_kv (paged, host write)
+    cache <- k, v                                    kv_write     attention.write_kv (paged, a copy kernel)
     a = attention(q, cache)                          attention    attention.online | flash (paged, causal)
     o = a @ Wo^T                                     o_proj       linear
     x, r = rmsnorm(r + o)                            post_norm    rmsnorm.fused_add | host add + plain
@@ -214,7 +214,7 @@ class Qwen3Layer:
                 k = rope.standard(rmsnorm.plain(k, kn, eps, **kw), cos, sin, **kw)
         # cache write, attention
         attention.write_kv(cache.k, cache.v, k.reshape(B * S, Hkv, D), v.reshape(B * S, Hkv, D),
-                           cache.slots(positions))
+                           cache.slots(positions), **kw)
         lens = np.maximum(cache.lens, positions.max(axis=1) + 1)
         if "attention" in exact:
             kd, vd = cache.dense(int(lens.max()))
@@ -316,9 +316,10 @@ def plan_qwen3(config, phase="decode", batch=1, context=4096, dtype="bf16", stra
         else:
             add("qk_norm_rope", "rmsnorm", "plain", rmsnorm.plan_plain((B, S, heads, D), dt, weight_dtype="fp32", **kw))
             add("qk_norm_rope", "rope", "standard", rope.plan_standard((B, S, heads, D), (B, S, D), dt, **kw))
-    add("kv_write", "attention", "write_kv", None, "the KV-cache write is a host assignment (write_kv has no plan)")
     bs = block_size(C)
     pages = -(-C // bs)
+    add("kv_write", "attention", "write_kv",
+        attention.plan_write_kv((B * S, Hkv, D), (B * pages, bs, Hkv, D), dt, **kw))
     opts = dict(kv_tile=None, q_tile=None, causal=True, has_mask=False, window=None, softcap=None, has_sinks=False)
     opts.update(dict(num_splits=None, return_lse=False) if s["attention"] == "flash" else dict(pv="storage"))
     add("attention", "attention", s["attention"],
