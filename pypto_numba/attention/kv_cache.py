@@ -16,11 +16,14 @@ from ..machine.profile import load_profile
 from ..strategy import Launch
 
 SLOT_ENTRY_BYTES = 8  # one int64 slot_mapping entry (write_kv hands the kernel int64 slots)
+# a task's UB staging tile: up to 32 KiB of tokens' K (or V) rows, as repeat_kv's copy (GM-bound:
+# larger tiles buy nothing, and a task per token would pay the task overhead T times)
+_TILE_BYTES = 32768
 
 
 @kernel
-def _write_kv_kernel(k_cache, v_cache, k_new, v_new, slots):
-    """Task t copies token t's K and V rows ``[Hkv, D]`` to slot ``slots[t]`` (-1: skipped)."""
+def _write_kv_kernel(k_cache, v_cache, k_new, v_new, slots, per):
+    """Task i copies tokens ``i*per ..`` (their K and V rows ``[Hkv, D]``) to their slots (-1: skipped)."""
     bs = np.int64(k_cache.shape[1])
     T, Hkv, D = k_new.shape
     Dv = v_new.shape[2]
@@ -28,30 +31,32 @@ def _write_kv_kernel(k_cache, v_cache, k_new, v_new, slots):
     tasks = 0
     gm_read = 0
     gm_write = 0
-    for t in prange(T):
-        s = slots[t]
+    for task in prange((T + per - 1) // per):
         tasks += 1
-        gm_read += SLOT_ENTRY_BYTES
-        if s >= 0:
-            blk = np.uint64(s // bs)
-            off = np.uint64(s % bs)
-            ut = np.uint64(t)
-            for h in range(Hkv):
-                uh = np.uint64(h)
-                for d in range(D):
-                    k_cache[blk, off, uh, np.uint64(d)] = k_new[ut, uh, np.uint64(d)]
-                for d in range(Dv):
-                    v_cache[blk, off, uh, np.uint64(d)] = v_new[ut, uh, np.uint64(d)]
-            gm_read += row
-            gm_write += row
+        for t in range(task * per, min(task * per + per, T)):
+            s = slots[t]
+            gm_read += SLOT_ENTRY_BYTES
+            if s >= 0:
+                blk = np.uint64(s // bs)
+                off = np.uint64(s % bs)
+                ut = np.uint64(t)
+                for h in range(Hkv):
+                    uh = np.uint64(h)
+                    for d in range(D):
+                        k_cache[blk, off, uh, np.uint64(d)] = k_new[ut, uh, np.uint64(d)]
+                    for d in range(Dv):
+                        v_cache[blk, off, uh, np.uint64(d)] = v_new[ut, uh, np.uint64(d)]
+                gm_read += row
+                gm_write += row
     return tasks, gm_read, gm_write, 0, 0
 
 
 @memo_plan
 def plan_write_kv(new_shape, cache_shape, dtype="fp32", *, v_dim=None, tokens=None, profile=None) -> Plan:
-    """Plan of :func:`write_kv`: one vector kernel, a task per new token (its K and V rows staged
-    through one UB tile ``[Hkv, D]``). GM read = written = ``tokens x Hkv x (D + Dv) x b``
-    (``tokens``: the new tokens with a slot, default all T), plus ``T x 8`` B of int64 slots read.
+    """Plan of :func:`write_kv`: one vector kernel, a task per ``per`` new tokens (their K, then V
+    rows staged through one UB tile ``[per*Hkv, D]`` of <= 32 KiB). GM read = written =
+    ``tokens x Hkv x (D + Dv) x b`` (``tokens``: the new tokens with a slot, default all T), plus
+    ``T x 8`` B of int64 slots read.
 
     ``new_shape``: k_new's ``[T, Hkv, D]``; ``cache_shape``: ``[num_blocks, block_size, Hkv, D]``;
     ``v_dim``: v's last dim (None: D)."""
@@ -67,12 +72,14 @@ def plan_write_kv(new_shape, cache_shape, dtype="fp32", *, v_dim=None, tokens=No
     if not 0 <= live <= T:
         raise ConstraintError(f"{where}: tokens={live} must lie in [0, T = {T}] (the new tokens with a slot)")
     b = dtypes.itemsize(dtype)
-    buf = vector_tile("kv_ub", (Hkv, align_elems(max(D, Dv), dtype, prof)), dtype, prof, where)
+    cols = align_elems(max(D, Dv), dtype, prof)
+    per = max(1, min(T, _TILE_BYTES // (Hkv * cols * b)))
+    buf = vector_tile("kv_ub", (per * Hkv, cols), dtype, prof, where)
     moved = live * Hkv * (D + Dv) * b
-    k = KernelPlan(name="write_kv", unit="vector", tasks=T, buffers=(buf,),
+    k = KernelPlan(name="write_kv", unit="vector", tasks=-(-T // per), buffers=(buf,),
                    gm_read_bytes=moved + T * SLOT_ENTRY_BYTES, gm_write_bytes=moved, workspace_bytes=0)
     return Plan(op="attention", strategy="write_kv", dtype=dtype, profile=prof, kernels=(k,),
-                params={"tokens": live, "block_size": int(cache_shape[1])})
+                params={"tokens": live, "per_task": per, "block_size": int(cache_shape[1])})
 
 
 def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, profile=None):
@@ -127,5 +134,5 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, profile=None):
                               f"slot holds one token: give each a distinct slot, or -1 to skip")
     p = plan_write_kv(kn.shape, kc.shape, kn.dtype, v_dim=vn.shape[2], tokens=live.size, profile=profile)
     with Launch(p, (kc.shape, vc.shape, kn.shape, vn.shape, slots.shape)) as run:
-        run.count(_write_kv_kernel(kc.kview, vc.kview, kn.kview, vn.kview, slots))
+        run.count(_write_kv_kernel(kc.kview, vc.kview, kn.kview, vn.kview, slots, np.int64(p.params["per_task"])))
         run.workspace(kn.copied_bytes + vn.copied_bytes)

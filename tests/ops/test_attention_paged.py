@@ -171,7 +171,7 @@ def test_write_kv_counted_cost_equals_plan(dtype, rng):
     assert_cost_matches_plan(rec)
     assert (rec.op, rec.strategy) == ("attention", "write_kv")
     b = np.dtype(NP_DTYPE[dtype]).itemsize
-    assert rec.cost.kernels == 1 and rec.cost.tasks == T
+    assert rec.cost.kernels == 1 and rec.cost.tasks == 1  # 5 tokens' rows fit one 32 KiB tile
     assert rec.cost.gm_write_bytes == 3 * Hkv * (D + Dv) * b
     assert rec.cost.gm_read_bytes == 3 * Hkv * (D + Dv) * b + 8 * T
     assert np.array_equal(kc.view(np.uint8), ek.view(np.uint8))
@@ -184,6 +184,8 @@ def test_write_kv_counted_cost_equals_plan(dtype, rng):
             assert np.array_equal(kc[s // bs, s % bs].view(np.uint8), kn[::-1][t].view(np.uint8))
     p = plan_write_kv((T, Hkv, D), (nb, bs, Hkv, D), dtype, v_dim=Dv)  # all T tokens live
     assert p.cost.gm_write_bytes == T * Hkv * (D + Dv) * b
+    many = plan_write_kv((2048, 8, 128), (16, 128, 8, 128), dtype)  # a prefill: 32 KiB of rows per task
+    assert many.cost.tasks == 2048 // (32768 // (8 * 128 * b))
     with pytest.raises(ShapeError, match="must share Hkv and D"):
         plan_write_kv((T, Hkv, D), (nb, bs, Hkv + 1, D), dtype)
     with pytest.raises(ConstraintError, match="tokens=6"):
