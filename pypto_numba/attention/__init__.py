@@ -42,7 +42,8 @@ reads about W keys whatever the cache length); standard masks whole rows.
 
 Paged KV cache (online and flash, paged.py): ``k``, ``v`` as vLLM's ``[num_blocks, block_size,
 Hkv, D]`` pages with ``block_table=`` int32 ``[B, max_blocks_per_seq]`` and ``kv_len=``; each KV
-tile is loaded through the table. ``write_kv`` writes new tokens to their slots.
+tile is loaded through the table. ``write_kv`` writes new tokens to their slots (one counted copy
+kernel, ``plan_write_kv``).
 
 ``gqa="expand_clone"`` prepends two ``repeat_kv.expand_clone`` copy kernels (K and V, G times
 their size in GM traffic and workspace) and runs as multi-head attention.
@@ -50,11 +51,12 @@ their size in GM traffic and workspace) and runs as multi-head attention.
 
 from .flash import flash, plan_flash
 from .online import online, plan_online
-from .kv_cache import write_kv
+from .kv_cache import plan_write_kv, write_kv
 from .paged import plan_paged
 from .standard import plan_standard, standard
 
-__all__ = ["standard", "online", "flash", "plan_standard", "plan_online", "plan_flash", "plan_paged", "write_kv"]
+__all__ = ["standard", "online", "flash", "plan_standard", "plan_online", "plan_flash", "plan_paged", "plan_write_kv",
+           "write_kv"]
 
 
 # --- lab spec ---

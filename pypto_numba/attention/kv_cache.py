@@ -1,21 +1,96 @@
-"""attention.write_kv: the paged KV cache's write (vLLM's reshape_and_cache), for paged.py's layout."""
+"""attention.write_kv: the paged KV cache's write (vLLM's reshape_and_cache), for paged.py's layout:
+one vector copy kernel (counted), planned by :func:`plan_write_kv`."""
 
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
 from .. import inputs
 from ..errors import ConstraintError, DTypeError, ShapeError
+from ..machine import dtypes
+from ..machine.jit import kernel
+from ..machine.memo import memo_plan
+from ..machine.plan import KernelPlan, Plan, align_elems, vector_tile
+from ..machine.profile import load_profile
+from ..strategy import Launch
+
+SLOT_ENTRY_BYTES = 8  # one int64 slot_mapping entry (write_kv hands the kernel int64 slots)
+# a task's UB staging tile: up to 32 KiB of tokens' K (or V) rows, as repeat_kv's copy (GM-bound:
+# larger tiles buy nothing, and a task per token would pay the task overhead T times)
+_TILE_BYTES = 32768
 
 
-def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping):
+@kernel
+def _write_kv_kernel(k_cache, v_cache, k_new, v_new, slots, per):
+    """Task i copies tokens ``i*per ..`` (their K and V rows ``[Hkv, D]``) to their slots (-1: skipped)."""
+    bs = np.int64(k_cache.shape[1])
+    T, Hkv, D = k_new.shape
+    Dv = v_new.shape[2]
+    row = np.int64(Hkv * (D + Dv) * k_new.itemsize)
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    for task in prange((T + per - 1) // per):
+        tasks += 1
+        for t in range(task * per, min(task * per + per, T)):
+            s = slots[t]
+            gm_read += SLOT_ENTRY_BYTES
+            if s >= 0:
+                blk = np.uint64(s // bs)
+                off = np.uint64(s % bs)
+                ut = np.uint64(t)
+                for h in range(Hkv):
+                    uh = np.uint64(h)
+                    for d in range(D):
+                        k_cache[blk, off, uh, np.uint64(d)] = k_new[ut, uh, np.uint64(d)]
+                    for d in range(Dv):
+                        v_cache[blk, off, uh, np.uint64(d)] = v_new[ut, uh, np.uint64(d)]
+                gm_read += row
+                gm_write += row
+    return tasks, gm_read, gm_write, 0, 0
+
+
+@memo_plan
+def plan_write_kv(new_shape, cache_shape, dtype="fp32", *, v_dim=None, tokens=None, profile=None) -> Plan:
+    """Plan of :func:`write_kv`: one vector kernel, a task per ``per`` new tokens (their K, then V
+    rows staged through one UB tile ``[per*Hkv, D]`` of <= 32 KiB). GM read = written =
+    ``tokens x Hkv x (D + Dv) x b`` (``tokens``: the new tokens with a slot, default all T), plus
+    ``T x 8`` B of int64 slots read.
+
+    ``new_shape``: k_new's ``[T, Hkv, D]``; ``cache_shape``: ``[num_blocks, block_size, Hkv, D]``;
+    ``v_dim``: v's last dim (None: D)."""
+    where = "attention.write_kv"
+    prof = load_profile(profile)
+    dtype = inputs.storage_dtype(dtype, where)
+    T, Hkv, D = (int(x) for x in new_shape)
+    if len(cache_shape) != 4 or tuple(int(x) for x in cache_shape[2:]) != (Hkv, D):
+        raise ShapeError(f"{where}: new tokens {tuple(new_shape)} [T, Hkv, D] and cache {tuple(cache_shape)} "
+                         f"[num_blocks, block_size, Hkv, D] must share Hkv and D")
+    Dv = D if v_dim is None else int(v_dim)
+    live = T if tokens is None else int(tokens)
+    if not 0 <= live <= T:
+        raise ConstraintError(f"{where}: tokens={live} must lie in [0, T = {T}] (the new tokens with a slot)")
+    b = dtypes.itemsize(dtype)
+    cols = align_elems(max(D, Dv), dtype, prof)
+    per = max(1, min(T, _TILE_BYTES // (Hkv * cols * b)))
+    buf = vector_tile("kv_ub", (per * Hkv, cols), dtype, prof, where)
+    moved = live * Hkv * (D + Dv) * b
+    k = KernelPlan(name="write_kv", unit="vector", tasks=-(-T // per), buffers=(buf,),
+                   gm_read_bytes=moved + T * SLOT_ENTRY_BYTES, gm_write_bytes=moved, workspace_bytes=0)
+    return Plan(op="attention", strategy="write_kv", dtype=dtype, profile=prof, kernels=(k,),
+                params={"tokens": live, "per_task": per, "block_size": int(cache_shape[1])})
+
+
+def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, profile=None):
     """Write T new tokens into the paged caches in place (vLLM's reshape_and_cache).
 
     ``k_new [T, Hkv, D]``, ``v_new [T, Hkv, Dv]`` in the caches' dtype; ``slot_mapping[T]`` int32 or
     int64, ``slot = block * block_size + offset``, -1 skips the token (padding). Token t goes to
     ``k_cache[slot // block_size, slot % block_size] = k_new[t]`` (and v alike). Slots must lie in
-    ``[0, num_blocks * block_size)`` and be distinct (-1 excepted). Returns None. A validated NumPy
-    assignment, not a registered strategy (it has no plan or counted cost)."""
+    ``[0, num_blocks * block_size)`` and be distinct (-1 excepted). Returns None. One counted copy
+    kernel (:func:`plan_write_kv`), recorded by ``trace()`` as ``attention.write_kv``; not a
+    registered strategy (compare/advise do not list it)."""
     where = "attention.write_kv"
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, np.ndarray) or x.ndim != 4:
@@ -44,7 +119,7 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping):
     if slot_mapping.shape != (T,):
         raise ShapeError(f"{where}: slot_mapping must have shape [T] = ({T},), one slot per new token, "
                          f"got {slot_mapping.shape}")
-    slots = slot_mapping.astype(np.int64)
+    slots = np.ascontiguousarray(slot_mapping, dtype=np.int64)
     bad = np.flatnonzero((slots < -1) | (slots >= NB * bs))
     if bad.size:
         t = int(bad[0])
@@ -57,6 +132,7 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping):
         ts = [int(t) for t in live[slots[live] == s]]
         raise ConstraintError(f"{where}: slot {s} appears more than once in slot_mapping (tokens {ts}); each "
                               f"slot holds one token: give each a distinct slot, or -1 to skip")
-    blocks, offs = slots[live] // bs, slots[live] % bs
-    k_cache[blocks, offs] = kn.array[live]
-    v_cache[blocks, offs] = vn.array[live]
+    p = plan_write_kv(kn.shape, kc.shape, kn.dtype, v_dim=vn.shape[2], tokens=live.size, profile=profile)
+    with Launch(p, (kc.shape, vc.shape, kn.shape, vn.shape, slots.shape)) as run:
+        run.count(_write_kv_kernel(kc.kview, vc.kview, kn.kview, vn.kview, slots, np.int64(p.params["per_task"])))
+        run.workspace(kn.copied_bytes + vn.copied_bytes)

@@ -10,7 +10,7 @@ from ..machine.cost import Cost
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One step of a layer: its name, the op call it makes and that call's plan (None: a host step,
-    e.g. a NumPy residual add or the KV-cache write, which counts no kernel)."""
+    e.g. a NumPy residual add, which counts no kernel)."""
 
     name: str
     op: str

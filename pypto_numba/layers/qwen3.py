@@ -5,7 +5,7 @@
     q, k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T           qkv          linear (3 calls)
     q, k = rope(rmsnorm_head(q)), rope(rmsnorm_head(k))
                                                      qk_norm_rope rope.fused_rmsnorm | rmsnorm.plain + rope.standard
-    cache <- k, v                                    kv_write     attention.write_kv (paged, host write)
+    cache <- k, v                                    kv_write     attention.write_kv (paged, a copy kernel)
     a = attention(q, cache)                          attention    attention.online | flash (paged, causal)
     o = a @ Wo^T                                     o_proj       linear
     x, r = rmsnorm(r + o)                            post_norm    rmsnorm.fused_add | host add + plain
@@ -16,9 +16,9 @@
 
 Rounding: every op output is in the storage dtype, the residual in fp32 (production's carry,
 npu-facts 8.4); RMSNorm weights are fp32, q_norm/k_norm's are cast to the storage dtype for
-``rope.fused_rmsnorm`` (it takes x's dtype only). Host steps (the layout transposes around
-attention, the cache write, the residual adds of the unfused ``plain`` strategy and the layer's
-last add) count no kernel: the plan lists them with no cost.
+``rope.fused_rmsnorm`` (it takes x's dtype only). Attention reads q and writes its result in the
+projections' ``[B, S, H, D]`` layout (``layout="bshd"``). Host steps (the residual adds of the
+unfused ``plain`` strategy and the layer's last add) count no kernel: the plan lists none.
 """
 
 from __future__ import annotations
@@ -214,17 +214,16 @@ class Qwen3Layer:
                 k = rope.standard(rmsnorm.plain(k, kn, eps, **kw), cos, sin, **kw)
         # cache write, attention
         attention.write_kv(cache.k, cache.v, k.reshape(B * S, Hkv, D), v.reshape(B * S, Hkv, D),
-                           cache.slots(positions))
+                           cache.slots(positions), **kw)
         lens = np.maximum(cache.lens, positions.max(axis=1) + 1)
-        q_bhsd = np.ascontiguousarray(q.transpose(0, 2, 1, 3))
         if "attention" in exact:
             kd, vd = cache.dense(int(lens.max()))
-            a = _exact(ref.attention(q_bhsd, kd, vd, lens), dt)
-        else:
-            a = getattr(attention, s["attention"])(q_bhsd, cache.k, cache.v, block_table=cache.table, kv_len=lens,
-                                                   causal=True, **kw)
+            a = _exact(ref.attention(q.transpose(0, 2, 1, 3), kd, vd, lens).transpose(0, 2, 1, 3), dt)
+        else:  # q and the result in the projections' [B, S, H, D] layout: no host transpose
+            a = getattr(attention, s["attention"])(q, cache.k, cache.v, block_table=cache.table, kv_len=lens,
+                                                   causal=True, layout="bshd", **kw)
         cache.lens[:] = lens
-        a = np.ascontiguousarray(a.transpose(0, 2, 1, 3)).reshape(B, S, Hq * D)
+        a = a.reshape(B, S, Hq * D)
         o = project("o_proj", a, "self_attn.o_proj.weight")
         # post-attention norm with the residual add
         w_post = w["post_attention_layernorm.weight"]
@@ -317,18 +316,15 @@ def plan_qwen3(config, phase="decode", batch=1, context=4096, dtype="bf16", stra
         else:
             add("qk_norm_rope", "rmsnorm", "plain", rmsnorm.plan_plain((B, S, heads, D), dt, weight_dtype="fp32", **kw))
             add("qk_norm_rope", "rope", "standard", rope.plan_standard((B, S, heads, D), (B, S, D), dt, **kw))
-    add("kv_write", "attention", "write_kv", None, "the KV-cache write is a host assignment (write_kv has no plan)")
     bs = block_size(C)
     pages = -(-C // bs)
+    add("kv_write", "attention", "write_kv",
+        attention.plan_write_kv((B * S, Hkv, D), (B * pages, bs, Hkv, D), dt, **kw))
     opts = dict(kv_tile=None, q_tile=None, causal=True, has_mask=False, window=None, softcap=None, has_sinks=False)
     opts.update(dict(num_splits=None, return_lse=False) if s["attention"] == "flash" else dict(pv="storage"))
     add("attention", "attention", s["attention"],
         attention.plan_paged(s["attention"], (B, Hq, S, D), (B * pages, bs, Hkv, D), (B, pages), None, dt,
                              kv_len=[C] * B, **kw, **opts))
-    b = dtypes.itemsize(dt)
-    add("layout", "host", "transpose", None,
-        f"host transposes of q to [B, Hq, S, D] and of the attention output back: 2 x {B * S * Hq * D * b} B "
-        f"copied, no kernel (attention's coming layout='bshd' removes them)")
     project("o_proj", (B, S), H, Hq * D)
     if s["rmsnorm"] == "fused_add":
         add("post_norm", "rmsnorm", "fused_add",

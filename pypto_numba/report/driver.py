@@ -113,6 +113,11 @@ def generate(
     for op in ops:
         pages[f"{op}.md"] = op_page(op, [r for r in results if r.scenario.op == op], measured)
     pages["calibration.md"] = calibration_page(results, profile)
+    layers_md = os.path.join(out_dir, "layers.md")
+    if os.path.exists(layers_md):  # pypto_numba.layers.page's: its plans checked, its numerics kept as on disk
+        from ..layers.page import build as layers_page
+
+        pages["layers.md"] = layers_page(numerics=False, measured=old_measured(layers_md))
     progress.step("pages")
 
     if check:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pypto_numba.attention import flash, online, plan_paged, standard, write_kv
+from pypto_numba.attention import flash, online, plan_paged, plan_write_kv, standard, write_kv
 from pypto_numba.errors import ConstraintError, DTypeError, ShapeError
 
 from helpers import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
@@ -153,6 +153,43 @@ def test_write_kv_matches_numpy_assignment(rng):
             assert write_kv(k2, v2, kn, vn, sm) is None
             assert np.array_equal(k2.view(np.uint8), ek.view(np.uint8))
             assert np.array_equal(v2.view(np.uint8), ev.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_counted_cost_equals_plan(dtype, rng):
+    """One copy kernel: GM read = written = live tokens x Hkv x (D + Dv) x b, plus 8 B per slot
+    read (v with another Dv); a strided k_new (copied first, counted as workspace) gives NumPy's bits."""
+    nb, bs, Hkv, D, Dv, T = 3, 16, 2, 24, 8, 5
+    kc, vc = make((nb, bs, Hkv, D), dtype, rng), make((nb, bs, Hkv, Dv), dtype, rng)
+    kn, vn = make((T, Hkv, D), dtype, rng), make((T, Hkv, Dv), dtype, rng)
+    slots = np.array([47, -1, 0, 17, -1], np.int32)
+    ek, ev = kc.copy(), vc.copy()
+    for t, s in enumerate(slots):
+        if s >= 0:
+            ek[s // bs, s % bs], ev[s // bs, s % bs] = kn[t], vn[t]
+    _, rec = run_traced(write_kv, kc, vc, kn, vn, slots)
+    assert_cost_matches_plan(rec)
+    assert (rec.op, rec.strategy) == ("attention", "write_kv")
+    b = np.dtype(NP_DTYPE[dtype]).itemsize
+    assert rec.cost.kernels == 1 and rec.cost.tasks == 1  # 5 tokens' rows fit one 32 KiB tile
+    assert rec.cost.gm_write_bytes == 3 * Hkv * (D + Dv) * b
+    assert rec.cost.gm_read_bytes == 3 * Hkv * (D + Dv) * b + 8 * T
+    assert np.array_equal(kc.view(np.uint8), ek.view(np.uint8))
+    assert np.array_equal(vc.view(np.uint8), ev.view(np.uint8))
+    strided = np.ascontiguousarray(kn[::-1].transpose(1, 0, 2)).transpose(1, 0, 2)  # not C-contiguous
+    _, rec = run_traced(write_kv, kc, vc, strided, vn, slots)
+    assert rec.cost.workspace_bytes == kn.nbytes  # its contiguous copy
+    for t, s in enumerate(slots):
+        if s >= 0:
+            assert np.array_equal(kc[s // bs, s % bs].view(np.uint8), kn[::-1][t].view(np.uint8))
+    p = plan_write_kv((T, Hkv, D), (nb, bs, Hkv, D), dtype, v_dim=Dv)  # all T tokens live
+    assert p.cost.gm_write_bytes == T * Hkv * (D + Dv) * b
+    many = plan_write_kv((2048, 8, 128), (16, 128, 8, 128), dtype)  # a prefill: 32 KiB of rows per task
+    assert many.cost.tasks == 2048 // (32768 // (8 * 128 * b))
+    with pytest.raises(ShapeError, match="must share Hkv and D"):
+        plan_write_kv((T, Hkv, D), (nb, bs, Hkv + 1, D), dtype)
+    with pytest.raises(ConstraintError, match="tokens=6"):
+        plan_write_kv((T, Hkv, D), (nb, bs, Hkv, D), dtype, tokens=6)
 
 
 def test_write_kv_then_decode(rng):
