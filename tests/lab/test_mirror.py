@@ -1,0 +1,130 @@
+"""Kernel-faithful goldens (``mirror=True``, lab/spec.py) and the criterion precision.mirror_check:
+every strategy within 1 storage ulp of its mirror at >= 99.9 % of points and 2 everywhere."""
+
+import importlib
+
+import numpy as np
+import pytest
+
+import pypto_numba  # noqa: F401  (registers the ops)
+from pypto_numba import precision
+from pypto_numba.lab.spec import normal, to_storage
+from pypto_numba.machine import dtypes
+from pypto_numba.strategy import spec
+
+compare = importlib.import_module("pypto_numba.compare")
+
+# small odd shapes (tails everywhere) in each op's --shape order
+SHAPES = {"gelu": (7, 203), "mean": (7, 203), "rmsnorm": (7, 203), "softmax": (7, 203), "swiglu": (7, 203),
+          "linear": (7, 129, 45), "rope": (13, 3, 64), "embedding": (101, 48, 2, 5), "repeat_kv": (1, 2, 13, 16, 2),
+          "moe": (13, 64), "attention": (1, 4, 2, 5, 77, 64)}
+
+
+def _inputs(op, dtype):
+    if op == "gelu":  # N(0, 1): the fp32 form of 1 + tanh(u) / 1 + erf(u) cancels for x < -4.5 (see test below)
+        return (normal(SHAPES[op], dtype, np.random.default_rng(1)),)
+    return compare.make_inputs(op, SHAPES[op], dtype, seed=1)
+
+
+def _check(op, dtype, **options):
+    ins = _inputs(op, dtype)
+    c = compare.compare(op, *ins, repeats=1, **options)
+    rows = [r for r in c.rows if not r.ruled_out]
+    assert rows
+    for r in rows:
+        assert r.mirror and len(r.mirror) == len(r.precision)
+        for m in r.mirror:
+            assert m.ok, f"{op}.{r.strategy} {dtype}: {m}"
+    return c
+
+
+def test_criterion():
+    x = to_storage(1.0 + np.arange(128) / 128.0, "bf16")  # every bf16 in [1, 2): ulp 2^-7
+    assert precision.mirror_check(x, x, "bf16") == precision.MirrorResult(0.0, 0.0, 0.0, True)
+    one = x + 2.0**-7
+    r = precision.mirror_check(one, x, "bf16")
+    assert r.ok and r.max_ulps == 1 and r.frac_1ulp == 0
+    two = x.copy()
+    two[3] += 2 * 2.0**-7
+    r = precision.mirror_check(two, x, "bf16")
+    assert r.max_ulps == 2 and r.frac_1ulp == 1 / 128 and not r.ok  # 0.8 % of points over 1 ulp
+    big = np.tile(x, 8)  # 1024 points: one 2-ulp point is 0.098 % <= 0.1 %
+    bad = big.copy()
+    bad[5] += 2 * 2.0**-7
+    assert precision.mirror_check(bad, big, "bf16").ok
+    bad[6] += 3 * 2.0**-7
+    assert not precision.mirror_check(bad, big, "bf16").ok  # 3 ulps somewhere
+    nan = big.copy()
+    nan[0] = np.nan
+    assert not precision.mirror_check(nan, big, "bf16").ok
+    assert precision.mirror_check(nan, nan, "bf16").ok
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("op", ["gelu", "mean", "rmsnorm", "softmax", "swiglu", "linear"])
+def test_every_strategy_within_its_mirror(op, dtype):
+    _check(op, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_gelu_storage_math_mirror(dtype):
+    c = _check("gelu", dtype, math="storage")
+    assert all(r.precision[0].max_ulps > 4 for r in c.rows)  # far from the truth, at its mirror
+
+
+def test_gelu_fp32_cancellation_is_flagged():
+    """At x < -4.5 the kernels' fp32 ``1 + tanh(u)`` loses its digits: against the float64 mirror
+    the tiny outputs are many bf16 ulps off (an algorithm limit, not rounding)."""
+    x = (-np.linspace(5.0, 7.0, 64)).astype(np.float32).astype(dtypes.STORAGE["bf16"])
+    c = compare.compare("gelu", x, strategies="tanh", repeats=1)
+    assert not c.rows[0].mirror[0].ok
+
+
+def test_linear_matmul_add_two_roundings():
+    """matmul_add's mirror rounds the product then the sum; the single-rounding mirror is worse."""
+    x, w, b = compare.make_inputs("linear", SHAPES["linear"], "bf16", seed=1)
+    out = pypto_numba.linear.matmul_add(x, w, b)
+    ref = spec("linear").reference
+    two = precision.mirror_check(out, ref(x, w, b, strategy="matmul_add", mirror=True), "bf16")
+    one = precision.mirror_check(out, ref(x, w, b, strategy="fused_bias", mirror=True), "bf16")
+    assert two.ok and two.max_ulps == 0
+    assert not one.ok
+
+
+@pytest.mark.parametrize("op", ["gelu", "mean", "rmsnorm", "softmax", "swiglu", "linear"])
+def test_fp32_mirror_is_the_truth(op):
+    """In fp32 the mirror is the truth up to fp32 ulps."""
+    ins = _inputs(op, "fp32")
+    for v in spec(op).rows():
+        truth = v.reference(*ins)
+        mirror = v.reference(*ins, mirror=True)
+        for t, m in zip(truth if isinstance(truth, tuple) else (truth,), mirror if isinstance(mirror, tuple) else (mirror,)):
+            # one fp32 rounding per cast point: within fp32 ulps of the output's scale (matmul_add's
+            # sum with the bias may cancel the rounded product)
+            assert np.allclose(m, t, rtol=2.0**-22, atol=2.0**-22 * np.abs(t).max()), (op, v.label)
+
+
+def test_broken_kernel_fails(monkeypatch):
+    """softmax.whole_row is within its mirror; the same output perturbed (1-2 ulps at 2 % of
+    points, 4 ulps at 1 %) is not."""
+    x = _inputs("softmax", "bf16")[0]
+    good = pypto_numba.softmax.whole_row(x)
+
+    def broken(x, **o):
+        y = good.astype(np.float64)
+        y.reshape(-1)[::50] *= 1 + 3 * 2.0**-8  # ~3 half-ulps: 1-2 ulps after rounding, at 2 % of points
+        y.reshape(-1)[::97] *= 1 + 2.0**-5  # 4 ulps
+        return y.astype(np.float32).astype(x.dtype)
+
+    variant = [v for v in spec("softmax").rows() if v.label == "whole_row"][0]
+    assert precision.mirror_check(good, variant.reference(x, mirror=True), "bf16").ok
+    assert not precision.mirror_check(broken(x), variant.reference(x, mirror=True), "bf16").ok
+
+
+def test_compare_columns():
+    ins = compare.make_inputs("linear", SHAPES["linear"], "bf16", seed=1)
+    c = compare.compare("linear", *ins, repeats=1)
+    assert "mirror ulps" in c.to_markdown() and ">1ulp %" in c.to_table()
+    assert " ok" in c.to_markdown()
+    d = c.to_dict()["rows"][0]["mirror"][0]
+    assert set(d) == {"frac_1ulp", "frac_2ulp", "max_ulps", "ok"}
