@@ -100,6 +100,19 @@ def _lab_inputs(shape, dtype, rng):
     return normal((T, E), dtype, rng), bias
 
 
+def _fp32_weights(reference):
+    """A gating reference whose mirror rounds the weights to fp32 (the kernels' output dtype,
+    whatever the scores' storage dtype) and keeps the ids (lab/spec.py mirrors)."""
+    from ..lab.spec import to_storage
+
+    def ref(x, b, mirror=False, **o):
+        w, ids = reference(x, b)
+        return (to_storage(w, "fp32"), ids) if mirror else (w, ids)
+
+    ref.mirrors = True
+    return ref
+
+
 def _lab_variants():
     from ..lab import Variant
 
@@ -107,9 +120,9 @@ def _lab_variants():
     softmax = lambda E: dict(_LAB_SOFTMAX, top_k=min(8, E))  # noqa: E731
     return [
         Variant("sigmoid_gating", lambda x, b, **o: sigmoid_gating(x, bias=b, **groups(x.shape[1]), **o),
-                lambda x, b, **o: _reference_sigmoid_gating(x, bias=b, **groups(x.shape[1])), True),
+                _fp32_weights(lambda x, b: _reference_sigmoid_gating(x, bias=b, **groups(x.shape[1]))), True),
         Variant("softmax_gating", lambda x, b, **o: softmax_gating(x, **softmax(x.shape[1]), **o),
-                lambda x, b, **o: _reference_softmax_gating(x, **softmax(x.shape[1]))),
+                _fp32_weights(lambda x, b: _reference_softmax_gating(x, **softmax(x.shape[1])))),
     ]
 
 

@@ -128,3 +128,49 @@ def test_compare_columns():
     assert " ok" in c.to_markdown()
     d = c.to_dict()["rows"][0]["mirror"][0]
     assert set(d) == {"frac_1ulp", "frac_2ulp", "max_ulps", "ok"}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("op", ["rope", "embedding", "repeat_kv", "attention"])
+def test_more_ops_within_their_mirror(op, dtype):
+    _check(op, dtype)
+
+
+@pytest.mark.parametrize("op", ["embedding", "repeat_kv"])
+def test_copies_mirror_is_the_truth(op):
+    ins = _inputs(op, "bf16")
+    for v in spec(op).rows():
+        assert np.array_equal(v.reference(*ins, mirror=True), v.reference(*ins))
+
+
+def test_rope_rmsnorm_then_standard_rounds_between():
+    """rmsnorm+standard rounds rmsnorm's output before the rotation: the mirror finds it, the
+    single-rounding truth does not."""
+    c = _check("rope", "bf16")
+    row = next(r for r in c.rows if r.strategy == "rmsnorm+standard")
+    assert row.mirror[0].max_ulps <= 1 and row.precision[0].max_ulps > 4
+
+
+@pytest.mark.parametrize("options", [dict(causal=True), dict(window=9), dict(softcap=5.0),
+                                     dict(sinks=np.linspace(-1, 1, 4).astype(np.float32))])
+def test_attention_options_within_their_mirror(options):
+    _check("attention", "bf16", **options)
+
+
+@pytest.mark.parametrize("strategy", ["online", "flash"])
+def test_attention_mirror_walks_the_kv_tiles(strategy):
+    """P rounded per KV tile against the tile's max: the mirror that walks the strategy's kv_tile
+    matches better than one over the whole row (standard's) or over other tiles."""
+    q, k, v = compare.make_inputs("attention", (1, 4, 2, 5, 200, 64), "bf16", seed=3)
+    fn = getattr(pypto_numba.attention, strategy)
+    ref = spec("attention").reference
+    out = fn(q, k, v, kv_tile=32)
+    walk = ref(q, k, v, strategy=strategy, kv_tile=32, mirror=True)
+    whole = ref(q, k, v, strategy="standard", mirror=True)
+    other = ref(q, k, v, strategy=strategy, kv_tile=64, mirror=True)
+    good = precision.mirror_check(out, walk, "bf16")
+    assert good.ok and good.frac_1ulp == 0
+    for m in (whole, other):
+        worse = precision.mirror_check(out, m, "bf16")
+        assert np.count_nonzero(out.astype(np.float64) != m) > np.count_nonzero(out.astype(np.float64) != walk)
+        assert worse.max_ulps >= good.max_ulps
