@@ -215,12 +215,14 @@ def _model_cell(row, model: str, check: dict) -> str:
 
 def _mirror_cells(results) -> list:
     """The worst ulps against the mirror with its mark ("ok": within the criterion, "BAD": an
-    algorithm bug, not rounding; precision.mirror_check) and the percentage of points over 1 ulp."""
+    algorithm bug, not rounding; none for fp32 outputs, MirrorResult.judged; precision.mirror_check)
+    and the percentage of points over 1 ulp."""
     if not results:
         return ["", ""]
     mx = max(m.max_ulps for m in results)
-    ok = all(m.ok for m in results)
-    return [f"{mx:.3g} {'ok' if ok else 'BAD'}", f"{100 * max(m.frac_1ulp for m in results):.2g}"]
+    judged = [m for m in results if m.judged]
+    mark = (" ok" if all(m.ok for m in judged) else " BAD") if judged else ""
+    return [f"{mx:.3g}{mark}", f"{100 * max(m.frac_1ulp for m in results):.2g}"]
 
 
 def _bytes(n: int) -> str:

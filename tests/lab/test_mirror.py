@@ -34,13 +34,16 @@ def _check(op, dtype, **options):
     for r in rows:
         assert r.mirror and len(r.mirror) == len(r.precision)
         for m in r.mirror:
-            assert m.ok, f"{op}.{r.strategy} {dtype}: {m}"
+            if m.judged:
+                assert m.ok, f"{op}.{r.strategy} {dtype}: {m}"
+            else:  # fp32 outputs (MoE weights): vmath's fp32 sigmoid/exp are within 2 ulps, not 1
+                assert m.dtype == "fp32" and m.max_ulps <= 2, f"{op}.{r.strategy} {dtype}: {m}"
     return c
 
 
 def test_criterion():
     x = to_storage(1.0 + np.arange(128) / 128.0, "bf16")  # every bf16 in [1, 2): ulp 2^-7
-    assert precision.mirror_check(x, x, "bf16") == precision.MirrorResult(0.0, 0.0, 0.0, True)
+    assert precision.mirror_check(x, x, "bf16") == precision.MirrorResult(0.0, 0.0, 0.0, True, "bf16")
     one = x + 2.0**-7
     r = precision.mirror_check(one, x, "bf16")
     assert r.ok and r.max_ulps == 1 and r.frac_1ulp == 0
@@ -91,7 +94,8 @@ def test_linear_matmul_add_two_roundings():
     assert not one.ok
 
 
-@pytest.mark.parametrize("op", ["gelu", "mean", "rmsnorm", "softmax", "swiglu", "linear"])
+@pytest.mark.parametrize("op", ["gelu", "mean", "rmsnorm", "softmax", "swiglu", "linear", "rope", "embedding",
+                                "repeat_kv", "attention"])
 def test_fp32_mirror_is_the_truth(op):
     """In fp32 the mirror is the truth up to fp32 ulps."""
     ins = _inputs(op, "fp32")
@@ -127,11 +131,13 @@ def test_compare_columns():
     assert "mirror ulps" in c.to_markdown() and ">1ulp %" in c.to_table()
     assert " ok" in c.to_markdown()
     d = c.to_dict()["rows"][0]["mirror"][0]
-    assert set(d) == {"frac_1ulp", "frac_2ulp", "max_ulps", "ok"}
+    assert set(d) == {"frac_1ulp", "frac_2ulp", "max_ulps", "ok", "dtype"}
+    fp32 = compare.compare("linear", *compare.make_inputs("linear", SHAPES["linear"], "fp32", seed=1), repeats=1)
+    assert " ok" not in fp32.to_table() and " BAD" not in fp32.to_table()  # fp32 is not judged
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("op", ["rope", "embedding", "repeat_kv", "attention"])
+@pytest.mark.parametrize("op", ["rope", "embedding", "repeat_kv", "moe", "attention"])
 def test_more_ops_within_their_mirror(op, dtype):
     _check(op, dtype)
 
