@@ -300,7 +300,7 @@ def compare(
         refs = ref if isinstance(ref, tuple) else (ref,)
         outs = c.outputs(result)
         row.precision = [precision.evaluate(o, r, dtype, policy, rtol, atol) for o, r in zip(outs, refs)]
-        mref = variant.reference(*inputs, mirror=True, **options)
+        mref = variant.reference(*inputs, mirror=True, profile=profile, **options)  # profile: its plan's tiles
         mrefs = mref if isinstance(mref, tuple) else (mref,)
         row.mirror = [precision.mirror_check(o, r, _out_dtype(o, dtype)) for o, r in zip(outs, mrefs)]
         row.cost = sum((r.cost for r in t.records), Cost())

@@ -107,19 +107,21 @@ def storage_of(*inputs) -> str:
 
 
 def mirrors(fn):
-    """Mark a reference that takes ``mirror=`` and rounds at its strategy's cast points itself."""
+    """Mark a reference that takes ``mirror=`` (and ``profile=``, or ``**options``) and rounds at its
+    strategy's cast points itself."""
     fn.mirrors = True
     return fn
 
 
 def mirrored(reference):
-    """``reference`` with a ``mirror`` keyword: unchanged if it declares it (``@mirrors``), else
-    ``mirror=True`` rounds each floating-point output once to the inputs' storage dtype (a strategy
-    whose only narrowing is its final store). Integer outputs (ids) are returned as they are."""
+    """``reference`` with the keywords ``mirror`` and ``profile`` (for a mirror that plans its tiles):
+    unchanged if it declares them (``@mirrors``), else ``mirror=True`` rounds each floating-point
+    output once to the inputs' storage dtype (a strategy whose only narrowing is its final store);
+    integer outputs (ids) are returned as they are."""
     if getattr(getattr(reference, "func", reference), "mirrors", False):
         return reference
 
-    def reference_with_mirror(*inputs, mirror=False, **options):
+    def reference_with_mirror(*inputs, mirror=False, profile=None, **options):
         ref = reference(*inputs, **options)
         if not mirror:
             return ref
