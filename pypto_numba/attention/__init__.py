@@ -186,7 +186,9 @@ def _lab_reference(
                                   window=o.get("window"), softcap=o.get("softcap")).items() if x is not None}
     if strategy == "online" and pv is not None:
         kw["pv"] = pv
-    p = plan(q.shape, k.shape, v.shape, _storage(q), profile=profile, **kw)
+    shapes = [x.shape if o.get("layout", "bhsd") == "bhsd" else (x.shape[0], x.shape[2], x.shape[1], x.shape[3])
+              for x in (q, k, v)]  # the plans take [B, H, S, D]
+    p = plan(*shapes, _storage(q), profile=profile, **kw)
     return _mirror_attention(q, k, v, p.params["kv_tile"], p.params.get("pv", "storage"), **o)
 
 

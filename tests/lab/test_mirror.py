@@ -180,3 +180,13 @@ def test_attention_mirror_walks_the_kv_tiles(strategy):
         worse = precision.mirror_check(out, m, "bf16")
         assert np.count_nonzero(out.astype(np.float64) != m) > np.count_nonzero(out.astype(np.float64) != walk)
         assert worse.max_ulps >= good.max_ulps
+
+
+def test_attention_mirror_bshd_and_bool_mask():
+    """The attention mirror plans its kv tile with the [B, H, S, D] shapes of a bshd call."""
+    q, k, v = compare.make_inputs("attention", (1, 4, 2, 5, 77, 64), "bf16", seed=2)
+    T = lambda a: np.ascontiguousarray(a.transpose(0, 2, 1, 3))  # noqa: E731
+    for c in (compare.compare("attention", T(q), T(k), T(v), layout="bshd", repeats=1),
+              compare.compare("attention", q, k, v, mask=np.random.default_rng(0).random((1, 1, 5, 77)) > 0.3,
+                              repeats=1)):
+        assert all(m.ok for r in c.rows for m in r.mirror), c.to_table()
