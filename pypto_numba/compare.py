@@ -1,7 +1,8 @@
 """``compare``: run every strategy of an op on the same inputs, side by side.
 
-One row per strategy: precision against the float64 reference (max abs, max rel, ulps),
-PASS/FAIL under a named tolerance policy, the counted Cost (kernels, tasks, GM bytes, workspace,
+One row per strategy: precision against the float64 reference (max abs, max rel, ulps), against
+the strategy's mirror (its kernel-faithful golden, lab/spec.py: worst storage ulps with the
+criterion's ok/BAD mark and the % of points over 1 ulp; precision.mirror_check), PASS/FAIL under a named tolerance policy, the counted Cost (kernels, tasks, GM bytes, workspace,
 buffer peaks), CPU time (median of warm runs) and the NPU estimates: the pipes model's with its
 bound ("NPU us (bound)"), then the roofline's and the hicann simulator formula's (machine/cost.py).
 A model more than 2x from the pipes estimate is marked ``!``, a model whose fastest strategy is not
@@ -40,6 +41,7 @@ class Row:
     recommended: bool
     ruled_out: str = ""  # the TileError/ConstraintError message when the plan refuses
     precision: list = dataclasses.field(default_factory=list)  # precision.Result per output
+    mirror: list = dataclasses.field(default_factory=list)  # precision.MirrorResult per output (its mirror)
     cost: object = None
     seconds: float = float("nan")
     estimate: object = None
@@ -59,6 +61,7 @@ class Row:
             d["ruled_out"] = self.ruled_out
             return d
         d["precision"] = [dataclasses.asdict(r) for r in self.precision]
+        d["mirror"] = [dataclasses.asdict(m) for m in self.mirror]
         d["cost"] = self.cost.as_dict()
         d["cpu_seconds"] = self.seconds
         d["npu_estimate_seconds"] = self.estimate.seconds
@@ -78,7 +81,7 @@ class Comparison:
     exact: bool = False  # run under use_exact(): bf16/fp16 inputs widened, fp32 storage (exact.py)
 
     def _table(self):
-        head = ["strategy", "verdict", "max_abs", "max_rel", "ulps", "kernels", "tasks", "GM read",
+        head = ["strategy", "verdict", "max_abs", "max_rel", "ulps", "mirror ulps", ">1ulp %", "kernels", "tasks", "GM read",
                 "GM write", "workspace", "UB peak", "CPU ms", "NPU us (bound)"] + [f"{m} us" for m in OTHER_MODELS]
         body = []
         check = self.model_check()
@@ -91,6 +94,7 @@ class Comparison:
             c = r.cost
             body.append([
                 name, r.verdict, f"{worst.max_abs:.3g}", f"{worst.max_rel:.3g}", f"{worst.max_ulps:.3g}",
+                *_mirror_cells(r.mirror),
                 str(c.kernels), str(c.tasks), _bytes(c.gm_read_bytes), _bytes(c.gm_write_bytes),
                 _bytes(c.workspace_bytes), _bytes(c.ub_peak_bytes), f"{r.seconds * 1e3:.3f}",
                 f"{r.estimate.seconds * 1e6:.1f} ({r.estimate.bound})",
@@ -213,11 +217,28 @@ def _model_cell(row, model: str, check: dict) -> str:
     return f"{est.seconds * 1e6:.1f}" + (f" {marks}" if marks else "")
 
 
+def _mirror_cells(results) -> list:
+    """The worst ulps against the mirror with its mark ("ok": within the criterion, "BAD": an
+    algorithm bug, not rounding; none for fp32 outputs, MirrorResult.judged; precision.mirror_check)
+    and the percentage of points over 1 ulp."""
+    if not results:
+        return ["", ""]
+    mx = max(m.max_ulps for m in results)
+    judged = [m for m in results if m.judged]
+    mark = (" ok" if all(m.ok for m in judged) else " BAD") if judged else ""
+    return [f"{mx:.3g}{mark}", f"{100 * max(m.frac_1ulp for m in results):.2g}"]
+
+
 def _bytes(n: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+def _out_dtype(out, default: str) -> str:
+    """The storage dtype of one scored output (MoE weights stay fp32 in a bf16 run)."""
+    return dtypes.storage_name(np.asarray(out).dtype) or default
 
 
 def case(op: str) -> OpSpec:
@@ -287,6 +308,9 @@ def compare(
         scores = refs[len(outs)] if len(refs) > len(outs) else None  # selection scores: tie-aware ids
         row.precision = [precision.evaluate(o, r, run_dtype, policy, rtol, atol, scores=scores)
                          for o, r in zip(outs, refs)]
+        mref = variant.reference(*inputs, mirror=True, profile=profile, **options)  # profile: its plan's tiles
+        mrefs = mref if isinstance(mref, tuple) else (mref,)
+        row.mirror = [precision.mirror_check(o, r, _out_dtype(o, dtype)) for o, r in zip(outs, mrefs)]
         row.cost = sum((r.cost for r in t.records), Cost())
         plans = list({id(r.plan): r.plan for r in t.records}.values())
         row.hints = tuple((p.where, h) for p in plans for h in p.hints)

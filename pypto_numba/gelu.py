@@ -394,6 +394,28 @@ def _reference_erf(x):
     return np.where(x == -np.inf, 0.0, y)  # the limit at -inf
 
 
+def _mirror(x, strategy, math="fp32"):
+    """The strategy's mirror: the float64 formula rounded once to the storage dtype, or with
+    ``math="storage"`` at every step :func:`_tile_storage_math` rounds (lab/spec.py mirrors)."""
+    from scipy import special
+
+    from .lab.spec import storage_of, to_storage
+    from .reference import f64
+
+    dt = storage_of(x)
+    if math != "storage":
+        return to_storage(_reference_erf(x) if strategy == "erf" else _reference_tanh(x), dt)
+    v = f64(x)
+    r = lambda a: to_storage(a, dt)  # noqa: E731
+    with np.errstate(invalid="ignore", over="ignore"):
+        if strategy == "erf":
+            u = r(special.erf(r(v * np.float32(INV_SQRT2))))
+        else:
+            u = r(np.tanh(r(r(r(r(r(v * v) * v) * np.float32(CUBIC)) + v) * np.float32(SQRT_2_OVER_PI))))
+        u = r(r(u + 1.0) * v)
+        return np.where(v == -np.inf, 0.0, r(u * 0.5))
+
+
 def _gelu(profile, shape=(8, 11008), dtype="bf16", exact=False):
     from .lab import Candidate
 
@@ -419,6 +441,7 @@ def _gelu_tiles(profile, shape, dtype, exact):
 
 def _lab_spec():
     from .lab import Inputs, OpSpec, Seed, normal
+    from .lab.spec import mirrors
 
     return OpSpec(
         name="gelu",
@@ -427,7 +450,8 @@ def _lab_spec():
         inputs=Inputs(make=lambda shape, dtype, rng: (normal(shape, dtype, rng, 2.0),),
                       default_shape=(8, 11008),
                       help="x shape, e.g. 8,11008"),
-        reference=lambda x, strategy, **o: _reference_erf(x) if strategy == "erf" else _reference_tanh(x),
+        reference=mirrors(lambda x, strategy, mirror=False, math="fp32", **o: _mirror(x, strategy, math) if mirror
+                          else _reference_erf(x) if strategy == "erf" else _reference_tanh(x)),
         advise=_gelu,  # named as advise's old rule: its TypeError names it
         oracles={"gelu_tanh": _reference_tanh, "gelu_erf": _reference_erf},
         tiles=_gelu_tiles,

@@ -442,6 +442,21 @@ def _reference_linear(x, weight, bias=None):
     return out + f64(bias) if bias is not None else out
 
 
+def _mirror_linear(x, weight, bias=None, strategy="fused_bias", mirror=False):
+    """The reference, or with ``mirror=True`` rounded where the strategy narrows: ``matmul_add``
+    rounds the product, then the sum with the bias; ``fused_bias`` once (lab/spec.py mirrors)."""
+    from .lab.spec import storage_of, to_storage
+
+    if not mirror:
+        return _reference_linear(x, weight, bias)
+    dt = storage_of(x)
+    if strategy == "matmul_add" and bias is not None:
+        from .reference import f64
+
+        return to_storage(to_storage(_reference_linear(x, weight), dt) + f64(bias), dt)
+    return to_storage(_reference_linear(x, weight, bias), dt)
+
+
 def _lab_inputs(shape, dtype, rng):
     from .lab import need, normal
 
@@ -506,6 +521,7 @@ def _linear_figures():
 
 def _lab_spec():
     from .lab import Inputs, OpSpec, Seed, Tolerance
+    from .lab.spec import mirrors
 
     return OpSpec(
         name="linear",
@@ -513,7 +529,7 @@ def _lab_spec():
         inputs=Inputs(make=_lab_inputs,
                       default_shape=(16, 2048, 2048),
                       help="M,K,N, e.g. 16,2048,2048"),
-        reference=lambda x, w, b, strategy, **o: _reference_linear(x, w, b),
+        reference=mirrors(lambda x, w, b, strategy, mirror=False, **o: _mirror_linear(x, w, b, strategy, mirror)),
         tolerance=Tolerance(policy="outlier", fp32=(1e-4, 1e-5), half=(2.0**-7, 1e-3)),
         advise=_linear,  # named as advise's old rule: its TypeError names it
         oracles={"linear": _reference_linear},

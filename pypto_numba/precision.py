@@ -391,3 +391,55 @@ def distribution(actual, expected, dtype: str = "bf16", rtol: float = None, atol
     return Distribution(rel_l2=rel_l2(a, e), cosine=cosine(a, e), above=above, outliers=int(np.count_nonzero(over)),
                         allowed=int(round(OUTLIER_FRACTION * n)), rtol=rtol, atol=atol, numel=n, finite=finite,
                         quantiles=quantiles)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel-faithful goldens: a strategy against its mirror (lab/spec.py ``mirror=True``), in ulps
+
+MIRROR_1ULP_FRACTION = 0.999  # at least this fraction of points within 1 storage ulp
+MIRROR_MAX_ULPS = 2.0  # and every point within 2
+
+
+@dataclasses.dataclass(frozen=True)
+class MirrorResult:
+    """How far an output is from its mirror in storage ulps: the fractions of points more than 1
+    and more than 2 ulps off, the worst, and the criterion's verdict (a strategy outside it has an
+    algorithm bug, not a rounding difference; fp32 accumulation may tip a rounding by one ulp)."""
+
+    frac_1ulp: float  # fraction of points more than 1 ulp off
+    frac_2ulp: float  # fraction of points more than 2 ulps off
+    max_ulps: float
+    ok: bool
+    dtype: str = "bf16"  # the storage dtype of the ulps
+
+    @property
+    def judged(self) -> bool:
+        """Whether the criterion judges this output: in fp32 every kernel operation rounds as the
+        storage does (fp32 transcendentals are a few ulps off), so only bf16/fp16 are judged."""
+        return self.dtype in ("bf16", "fp16")
+
+    def __str__(self):
+        return (f"{'ok' if self.ok else 'BAD'} mirror max={self.max_ulps:.3g} ulps >1ulp={100 * self.frac_1ulp:.3f}% "
+                f">2ulp={100 * self.frac_2ulp:.3f}%")
+
+
+def mirror_check(actual, mirror, dtype: str) -> MirrorResult:
+    """``actual`` against its float64 ``mirror`` in ulps of ``dtype``: ok iff at most 1 ulp at
+    >= 99.9 % of points and at most 2 ulps everywhere (NaN/Inf must match exactly)."""
+    a = np.asarray(actual).astype(np.float64)
+    m = np.asarray(mirror, dtype=np.float64)
+    if a.shape != m.shape:
+        from .errors import ShapeError
+
+        raise ShapeError(f"precision: actual shape {a.shape} != mirror shape {m.shape}")
+    if a.size == 0:
+        return MirrorResult(0.0, 0.0, 0.0, True, dtype)
+    exact = (np.isnan(a) & np.isnan(m)) | (a == m)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(exact, 0.0, np.abs(a - m))
+        err = np.where(np.isnan(err), np.inf, err)
+        ulps = err / ulp(np.where(np.isfinite(m), m, 0.0), dtype if dtype in _FORMAT else "fp32")
+    f1 = float(np.count_nonzero(ulps > 1.0)) / a.size
+    f2 = float(np.count_nonzero(ulps > MIRROR_MAX_ULPS)) / a.size
+    mx = float(ulps.max())
+    return MirrorResult(f1, f2, mx, bool(f1 <= 1 - MIRROR_1ULP_FRACTION + 1e-12 and mx <= MIRROR_MAX_ULPS), dtype)

@@ -474,6 +474,22 @@ def reference(x, up=None, limit=None):
         return h * u
 
 
+def _mirror(gate, up, limit=None, separate=False):
+    """The mirror of a strategy on (gate, up): ``separate`` rounds silu(gate) to the storage dtype
+    (its GM intermediate) before the product; the others round once (lab/spec.py mirrors)."""
+    from .lab.spec import storage_of, to_storage
+
+    dt = storage_of(gate)
+    if not separate:
+        return to_storage(reference(gate, up, limit), dt)
+    lim = None if limit is None else float(np.float32(limit))
+    h = to_storage(reference(gate, np.ones(np.shape(gate)), None if lim is None else lim), dt)
+    from .reference import f64
+
+    u = f64(up) if lim is None else np.clip(f64(up), -lim, lim)
+    return to_storage(h * u, dt)
+
+
 def _advise(profile, tokens=16, intermediate=6144, dtype="bf16", limit=None, hidden=None):
     from .lab import Candidate
     from .linear import plan_fused_bias
@@ -507,8 +523,12 @@ def _variants():
     """compare's rows on (gate, up): separate and fused (epilogue takes x and the weights instead)."""
     from .lab import Variant
 
-    ref = lambda gate, up, limit=None, **o: reference(gate, up, limit)
-    return [Variant("separate", separate, ref), Variant("fused", fused, ref, True)]
+    from .lab.spec import mirrors
+
+    ref = lambda gate, up, limit=None, mirror=False, sep=False, **o: (  # noqa: E731
+        _mirror(gate, up, limit, sep) if mirror else reference(gate, up, limit))
+    return [Variant("separate", separate, mirrors(lambda *a, **o: ref(*a, sep=True, **o))),
+            Variant("fused", fused, mirrors(ref), True)]
 
 
 def _swiglu_tiles(profile, tokens, intermediate, dtype, limit, hidden):

@@ -62,30 +62,10 @@ __all__ = ["standard", "online", "flash", "plan_standard", "plan_online", "plan_
 # --- lab spec ---
 # What compare, advise and report need to know about attention (pypto_numba/lab/spec.py).
 
-def _reference_attention(
-    q,
-    k,
-    v,
-    scale=None,
-    causal=False,
-    kv_len=None,
-    mask=None,
-    return_lse=False,
-    window=None,
-    softcap=None,
-    sinks=None,
-    layout="bhsd",
-):
-    """Softmax attention with GQA, bottom-right causal alignment, kv_len, an additive mask, a
-    sliding window, soft-capping and sinks, from their definitions, densely in float64.
-
-    ``window=(left, right)`` keeps key j of query i iff ``-right <= i' - j <= left`` with
-    ``i' = i + kv_len - Sq``; ``window=W`` is ``(W - 1, 0)`` and causal. ``softcap=c``: the scaled
-    scores become ``c * tanh(s / c)``, then the mask is added. ``sinks[Hq]``: one more key per
-    row whose logit is the sink (not scaled or capped) and whose value is zero.
-    Fully masked query rows return zeros (and lse = -inf, or the sink). A bool mask keeps its
-    True keys (an additive 0 / -inf). ``layout="bshd"``: q, k, v and the result are [B, S, H, D].
-    """
+def _masked_scores(q, k, v, scale, causal, kv_len, mask, window, softcap, sinks, layout):
+    """The float64 scores [B, Hq, Sq, Skv (+1 with sinks)], -inf where a key is not allowed, and
+    V [B, Hq, Skv (+1), Dv] (GQA repeated, zero past kv_len and at the sink), as the oracle's
+    definitions say (:func:`_reference_attention`)."""
     import numbers
 
     import numpy as np
@@ -127,10 +107,40 @@ def _reference_attention(
         allowed = np.concatenate([allowed, np.ones((B, Hq, Sq, 1), bool)], axis=-1)
         v = np.concatenate([v, np.zeros((B, Hq, 1, v.shape[3]))], axis=2)
     s = np.where(allowed, s, -np.inf)
+    return s, v
+
+
+def _reference_attention(
+    q,
+    k,
+    v,
+    scale=None,
+    causal=False,
+    kv_len=None,
+    mask=None,
+    return_lse=False,
+    window=None,
+    softcap=None,
+    sinks=None,
+    layout="bhsd",
+):
+    """Softmax attention with GQA, bottom-right causal alignment, kv_len, an additive mask, a
+    sliding window, soft-capping and sinks, from their definitions, densely in float64.
+
+    ``window=(left, right)`` keeps key j of query i iff ``-right <= i' - j <= left`` with
+    ``i' = i + kv_len - Sq``; ``window=W`` is ``(W - 1, 0)`` and causal. ``softcap=c``: the scaled
+    scores become ``c * tanh(s / c)``, then the mask is added. ``sinks[Hq]``: one more key per
+    row whose logit is the sink (not scaled or capped) and whose value is zero.
+    Fully masked query rows return zeros (and lse = -inf, or the sink). A bool mask keeps its
+    True keys (an additive 0 / -inf). ``layout="bshd"``: q, k, v and the result are [B, S, H, D].
+    """
+    import numpy as np
+
+    s, v = _masked_scores(q, k, v, scale, causal, kv_len, mask, window, softcap, sinks, layout)
     m = s.max(axis=-1, keepdims=True)  # NaN when an allowed score is NaN: the row is NaN
     dead = m == -np.inf  # no allowed key: zeros
     p = np.exp(s - np.where(dead, 0.0, m))
-    p = np.where(allowed, p, 0.0)
+    p = np.where(s == -np.inf, 0.0, p)  # keys not allowed (their scores are -inf)
     l = p.sum(axis=-1, keepdims=True)
     out = np.einsum("bhqk,bhkd->bhqd", p / np.where(l > 0, l, 1.0), v)
     out = np.where((l > 0) | np.isnan(l), out, 0.0)
@@ -166,8 +176,80 @@ def _lab_reference(
     num_splits=None,
     **o,
 ):
-    """The oracle takes the math options only; tiling and GQA options do not change the result."""
-    return _reference_attention(q, k, v, **o)
+    """The oracle takes the math options only; tiling and GQA options do not change the result.
+    ``mirror=True``: :func:`_mirror_attention` with the strategy's kv tile (its plan's params)."""
+    mirror, profile = o.pop("mirror", False), o.pop("profile", None)
+    if not mirror:
+        return _reference_attention(q, k, v, **o)
+    if strategy == "standard":
+        return _mirror_attention(q, k, v, None, "storage", **o)
+    plan = {"online": plan_online, "flash": plan_flash}[strategy]
+    kw = {n: x for n, x in dict(kv_tile=kv_tile, q_tile=q_tile, gqa=gqa, causal=o.get("causal", False),
+                                  window=o.get("window"), softcap=o.get("softcap")).items() if x is not None}
+    if strategy == "online" and pv is not None:
+        kw["pv"] = pv
+    shapes = [x.shape if o.get("layout", "bhsd") == "bhsd" else (x.shape[0], x.shape[2], x.shape[1], x.shape[3])
+              for x in (q, k, v)]  # the plans take [B, H, S, D]
+    p = plan(*shapes, _storage(q), profile=profile, **kw)
+    return _mirror_attention(q, k, v, p.params["kv_tile"], p.params.get("pv", "storage"), **o)
+
+
+_lab_reference.mirrors = True
+
+
+def _storage(a):
+    from ..machine import dtypes
+
+    return dtypes.storage_name(a.dtype)
+
+
+def _mirror_attention(q, k, v, kv_tile, pv="storage", scale=None, causal=False, kv_len=None, mask=None,
+                      return_lse=False, window=None, softcap=None, sinks=None, layout="bhsd"):
+    """The kernel-faithful golden: float64, rounded where the strategy narrows. ``kv_tile=None``
+    (standard): P = exp(s - m) / l rounded to the storage dtype before P@V. Otherwise per KV tile
+    of ``kv_tile`` keys: P_t = exp(s - m_t) rounded against the tile's max m_t (unless ``pv`` keeps
+    it in fp32 or compensates it), l_t the sum of the unrounded exps, merged by the running max;
+    the sinks join as one last tile. The output rounded once; lse to fp32."""
+    import numpy as np
+
+    from ..lab.spec import to_storage
+
+    dt = _storage(q)
+    s, vv = _masked_scores(q, k, v, scale, causal, kv_len, mask, window, softcap, sinks, layout)
+    rnd = (lambda x: to_storage(x, dt)) if pv == "storage" else (lambda x: x)  # noqa: E731
+    B, H, Sq, n = s.shape
+    keys = n - (sinks is not None)
+    bounds = [(0, keys)] if kv_tile is None else [(j, min(j + kv_tile, keys)) for j in range(0, keys, kv_tile)]
+    if sinks is not None:
+        bounds.append((keys, n))
+    if kv_tile is None and sinks is not None:
+        bounds = [(0, n)]
+    with np.errstate(invalid="ignore", over="ignore"):
+        ms, ls, os = [], [], []
+        for j0, j1 in bounds:
+            st = s[..., j0:j1]
+            mt = st.max(axis=-1, keepdims=True)
+            e = np.where(st == -np.inf, 0.0, np.exp(st - np.where(mt == -np.inf, 0.0, mt)))
+            lt = e.sum(axis=-1, keepdims=True)
+            pt = rnd(e / np.where(lt > 0, lt, 1.0)) if kv_tile is None else rnd(e)
+            ms.append(mt)
+            ls.append(lt)
+            os.append(np.einsum("bhqk,bhkd->bhqd", pt, vv[:, :, j0:j1]))
+        m = np.max(np.concatenate(ms, axis=-1), axis=-1, keepdims=True)  # NaN propagates
+        live = m != -np.inf
+        c = [np.where(live, np.exp(mt - np.where(live, m, 0.0)), 0.0) for mt in ms]
+        c = [np.where(mt == -np.inf, 0.0, x) for mt, x in zip(ms, c)]
+        l = sum(ci * li for ci, li in zip(c, ls))
+        o = sum(ci * oi for ci, oi in zip(c, os))
+        out = o if kv_tile is None else o / np.where(l > 0, l, 1.0)
+        out = np.where((l > 0) | np.isnan(l), out, 0.0)
+    if layout == "bshd":
+        out = out.transpose(0, 2, 1, 3)
+    out = to_storage(out, dt)
+    if return_lse:
+        _, lse = _reference_attention(q, k, v, scale, causal, kv_len, mask, True, window, softcap, sinks, layout)
+        return out, to_storage(lse, "fp32")
+    return out
 
 
 def _attention(

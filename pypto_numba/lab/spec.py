@@ -72,12 +72,65 @@ class Tolerance:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One row of a comparison: how to call it and its float64 reference."""
+    """One row of a comparison: how to call it and its float64 reference.
+
+    ``reference(*inputs, mirror=True, **options)`` is the row's kernel-faithful golden (see
+    :func:`mirrored`): a reference that does not declare ``mirror`` itself is wrapped here."""
 
     label: str
     call: Callable  # (*inputs, **options) -> result
-    reference: Callable  # (*inputs, **options) -> float64 array, or a tuple matching ``outputs``
+    reference: Callable  # (*inputs, mirror=False, **options) -> float64 array, or a tuple matching ``outputs``
     recommended: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "reference", mirrored(self.reference))
+
+
+# --- kernel-faithful goldens (``mirror=True``) -------------------------------------------------
+# A mirror is the float64 reference rounded to the storage dtype at exactly the strategy's cast
+# points. Most strategies narrow only at the final store, so the default mirror is the truth
+# rounded once to the inputs' storage dtype; a reference with inner cast points declares
+# ``mirror`` itself (``@mirrors``) and rounds with :func:`to_storage`.
+
+def to_storage(x, dtype: str) -> np.ndarray:
+    """``x`` rounded to storage dtype ``dtype`` (via float32, nearest even, as the kernels narrow),
+    back in float64. The one rounding call of every mirror (a cast mode threads through here)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return dtypes.to_float32(dtypes.from_float32(x.astype(np.float32), dtype)).astype(np.float64)
+
+
+def storage_of(*inputs) -> str:
+    """The storage dtype name of the first floating-point array among ``inputs`` (fp32 if none)."""
+    names = (dtypes.storage_name(a.dtype) for a in inputs if isinstance(a, np.ndarray))
+    return next((n for n in names if n), "fp32")
+
+
+def mirrors(fn):
+    """Mark a reference that takes ``mirror=`` (and ``profile=``, or ``**options``) and rounds at its
+    strategy's cast points itself."""
+    fn.mirrors = True
+    return fn
+
+
+def mirrored(reference):
+    """``reference`` with the keywords ``mirror`` and ``profile`` (for a mirror that plans its tiles):
+    unchanged if it declares them (``@mirrors``), else ``mirror=True`` rounds each floating-point
+    output once to the inputs' storage dtype (a strategy whose only narrowing is its final store);
+    integer outputs (ids) are returned as they are."""
+    if getattr(getattr(reference, "func", reference), "mirrors", False):
+        return reference
+
+    def reference_with_mirror(*inputs, mirror=False, profile=None, **options):
+        ref = reference(*inputs, **options)
+        if not mirror:
+            return ref
+        dtype = storage_of(*inputs)
+        one = lambda r: to_storage(r, dtype) if np.asarray(r).dtype.kind == "f" else r  # noqa: E731
+        return tuple(one(r) for r in ref) if isinstance(ref, tuple) else one(ref)
+
+    reference_with_mirror.mirrors = True
+    return reference_with_mirror
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,6 +100,43 @@ def _lab_inputs(shape, dtype, rng):
     return normal((T, E), dtype, rng), bias
 
 
+def _mirror_weights(logits, ids, router, renormalize, scale, eps):
+    """The gating kernels' weights rounded where they hold fp32 (lab/spec.py mirrors): the scores
+    (sigmoid, or softmax's exps, their sum and quotient), the picks' sum + eps, the quotient and
+    the scaled weight; the ids are the reference's."""
+    from ..lab.spec import to_storage
+    from ..reference import f64
+
+    r = lambda a: to_storage(a, "fp32")  # noqa: E731
+    x = f64(logits)
+    if router == "softmax":
+        p = r(np.exp(x - x.max(axis=-1, keepdims=True)))
+        s = r(p / r(p.sum(axis=-1, keepdims=True)))
+    else:
+        s = r(1.0 / (1.0 + np.exp(-x)))
+    w = np.take_along_axis(s, ids, axis=-1)
+    if renormalize:
+        w = r(w / r(r(w.sum(axis=-1, keepdims=True)) + eps))
+    return r(w * np.float32(scale))
+
+
+def _fp32_weights(reference, router, options):
+    """A gating reference whose mirror rounds as the kernels do in fp32 (:func:`_mirror_weights`),
+    whatever the scores' storage dtype (the weights are fp32), and keeps the ids."""
+
+    def ref(x, b, mirror=False, **o):
+        w, ids = reference(x, b)
+        if not mirror:
+            return w, ids
+        kw = options(x.shape[1])
+        eps = 1e-20 if router == "sigmoid" else 0.0
+        return _mirror_weights(x, ids, router, kw.get("renormalize", router == "sigmoid"),
+                               kw.get("routed_scaling_factor", 1.0), eps), ids
+
+    ref.mirrors = True
+    return ref
+
+
 def _lab_variants():
     from ..lab import Variant
 
@@ -107,9 +144,10 @@ def _lab_variants():
     softmax = lambda E: dict(_LAB_SOFTMAX, top_k=min(8, E))  # noqa: E731
     return [
         Variant("sigmoid_gating", lambda x, b, **o: sigmoid_gating(x, bias=b, **groups(x.shape[1]), **o),
-                lambda x, b, **o: _reference_sigmoid_gating(x, bias=b, **groups(x.shape[1])), True),
+                _fp32_weights(lambda x, b: _reference_sigmoid_gating(x, bias=b, **groups(x.shape[1])), "sigmoid",
+                              groups), True),
         Variant("softmax_gating", lambda x, b, **o: softmax_gating(x, **softmax(x.shape[1]), **o),
-                lambda x, b, **o: _reference_softmax_gating(x, **softmax(x.shape[1]))),
+                _fp32_weights(lambda x, b: _reference_softmax_gating(x, **softmax(x.shape[1])), "softmax", softmax)),
     ]
 
 

@@ -75,6 +75,20 @@ def _lab_inputs(shape, dtype, rng):
             cos.astype(np.float32).astype(store), sin.astype(np.float32).astype(store))
 
 
+def _mirror_rmsnorm_standard(x, w, c, s, mirror=False, **o):
+    """rmsnorm then standard: with ``mirror=True`` the normalized rows are rounded to the storage
+    dtype (rmsnorm's output in GM) before the rotation, which rounds again (lab/spec.py mirrors)."""
+    from ..lab.spec import storage_of, to_storage
+
+    if not mirror:
+        return _reference_fused_rmsnorm(x, w, c, s)
+    dt = storage_of(x)
+    return to_storage(_reference_standard(to_storage(_reference_rmsnorm(x, w), dt), c, s), dt)
+
+
+_mirror_rmsnorm_standard.mirrors = True
+
+
 def _lab_variants():
     from ..lab import Variant
 
@@ -84,7 +98,7 @@ def _lab_variants():
         Variant("interleaved", lambda x, w, c, s, **o: interleaved(x, c, s, **o),
                 lambda x, w, c, s, **o: _reference_interleaved(x, c, s)),
         Variant("rmsnorm+standard", lambda x, w, c, s, **o: standard(rmsnorm(x, w, **o), c, s, **o),
-                lambda x, w, c, s, **o: _reference_fused_rmsnorm(x, w, c, s)),
+                _mirror_rmsnorm_standard),
         Variant("fused_rmsnorm", lambda x, w, c, s, **o: fused_rmsnorm(x, w, c, s, **o),
                 lambda x, w, c, s, **o: _reference_fused_rmsnorm(x, w, c, s)),
     ]
