@@ -19,6 +19,13 @@ def make(shape, dtype: str, rng: np.random.Generator, scale: float = 1.0, loc: f
     return (rng.standard_normal(shape) * scale + loc).astype(np.float32).astype(NP_DTYPE[dtype])
 
 
+def pair_tables(cos, sin):
+    """Split-half (HF) rope tables -> the GPT-J pair tables rope.interleaved expects (it refuses
+    split-half ones it can tell apart): column 2k and 2k+1 both hold frequency k."""
+    half = cos.shape[-1] // 2
+    return tuple(np.repeat(t[..., :half], 2, axis=-1) for t in (cos, sin))
+
+
 def run_traced(fn, *args, **kwargs):
     """Call a strategy under trace(); return (result, record)."""
     with pn.trace() as t:

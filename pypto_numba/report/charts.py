@@ -185,11 +185,11 @@ PIPE_COLORS = {"tasks": "#7f7f7f", "MTE2": "#1f77b4", "MTE1": "#17becf", "CUBE":
 
 def chosen_plans(res: PlanResult) -> tuple:
     """The plans of advise's pick for the scenario (as pricing built them, ``also`` overrides included)."""
-    from ..strategy import spec
+    from ..advise import candidates
 
     sc = res.scenario
     for override in ({},) + tuple(sc.also):
-        for cand in spec(sc.op).advise(res.advice.profile, **{**sc.advise, **override})[0]:
+        for cand in candidates(sc.op, res.advice.profile, **{**sc.advise, **override})[0]:
             if cand.label == res.advice.chosen:
                 return tuple(cand.plans())
     raise PyptoNumbaError(f"report: {sc.name}: advise's pick {res.advice.chosen!r} is not a candidate")

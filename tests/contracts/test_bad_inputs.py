@@ -108,7 +108,14 @@ XB = X.astype(BF16)
 MX = _normal((3, 5, 40)) + F32(0.5)
 RX = _normal((5, 2, 8))
 _cs = reference.cos_sin(np.arange(5), 8)
-COS, SIN = (np.asarray(t, np.float64).astype(F32) for t in _cs)
+COS0, SIN0 = COS, SIN = (np.asarray(t, np.float64).astype(F32) for t in _cs)
+
+
+def pair_tables(cos, sin):
+    """The GPT-J pair tables rope.interleaved expects, from split-half ones (as tests/helpers.py)."""
+    return tuple(np.repeat(t[..., : t.shape[-1] // 2], 2, axis=-1) for t in (cos, sin))
+
+
 RW = (1.0 + 0.1 * _normal((8,))).astype(F32)
 Q = _normal((1, 2, 3, 8))
 K = _normal((1, 1, 5, 8))
@@ -423,26 +430,28 @@ _RNAN[2, 1, 6] = np.inf
 _RNAN[3, 1, 0] = -np.inf
 for _k, (_fn, _ref) in _ROPE.items():
     _p = f"rope.{_k}"
-    _tensor_cases(_p, "x", RX, lambda a, f=_fn: f(a, COS, SIN), rank_bad=RX[0], huge_shape=(2**21, 2**10, 1, 2),
+    COS, SIN = pair_tables(COS0, SIN0) if _k == "interleaved" else (COS0, SIN0)
+    _tensor_cases(_p, "x", RX, lambda a, f=_fn, COS=COS, SIN=SIN: f(a, COS, SIN), rank_bad=RX[0], huge_shape=(2**21, 2**10, 1, 2),
                   zero_shape=(5, 0, 8))
-    _tensor_cases(_p, "cos", COS, lambda a, f=_fn: f(RX, a, SIN), rank_bad=COS[0], zero_shape=(0, 8))
-    raises(f"{_p}-cos-positions", lambda f=_fn: f(RX, COS[:4], SIN[:4]), ShapeError, r"cos/sin have 4 positions")
-    raises(f"{_p}-cos-odd-R", lambda f=_fn: f(RX, COS[:, :7], SIN[:, :7]), ShapeError, r"R = cos.shape\[-1\] = 7 must be even")
-    raises(f"{_p}-cos-R-too-big", lambda f=_fn: f(RX, np.tile(COS, 2), np.tile(SIN, 2)), ShapeError,
+    _tensor_cases(_p, "cos", COS, lambda a, f=_fn, COS=COS, SIN=SIN: f(RX, a, SIN), rank_bad=COS[0], zero_shape=(0, 8))
+    raises(f"{_p}-cos-positions", lambda f=_fn, COS=COS, SIN=SIN: f(RX, COS[:4], SIN[:4]), ShapeError, r"cos/sin have 4 positions")
+    raises(f"{_p}-cos-odd-R", lambda f=_fn, COS=COS, SIN=SIN: f(RX, COS[:, :7], SIN[:, :7]), ShapeError, r"R = cos.shape\[-1\] = 7 must be even")
+    raises(f"{_p}-cos-R-too-big", lambda f=_fn, COS=COS, SIN=SIN: f(RX, np.tile(COS, 2), np.tile(SIN, 2)), ShapeError,
            r"R = cos.shape\[-1\] = 16 exceeds head dim D = 8")
-    raises(f"{_p}-sin-shape", lambda f=_fn: f(RX, COS, SIN[:, :6]), ShapeError, r"cos and sin must have the same shape")
-    raises(f"{_p}-cos-dtype-mix", lambda f=_fn: f(RX, COS.astype(np.float16), SIN.astype(np.float16)), DTypeError,
+    raises(f"{_p}-sin-shape", lambda f=_fn, COS=COS, SIN=SIN: f(RX, COS, SIN[:, :6]), ShapeError, r"cos and sin must have the same shape")
+    raises(f"{_p}-cos-dtype-mix", lambda f=_fn, COS=COS, SIN=SIN: f(RX, COS.astype(np.float16), SIN.astype(np.float16)), DTypeError,
            r"cos/sin must have x's dtype \(fp32\)")
-    raises(f"{_p}-cos-lead-broadcast", lambda f=_fn: f(RX[None].repeat(2, 0), COS[None].repeat(3, 0), SIN[None].repeat(3, 0)),
+    raises(f"{_p}-cos-lead-broadcast", lambda f=_fn, COS=COS, SIN=SIN: f(RX[None].repeat(2, 0), COS[None].repeat(3, 0), SIN[None].repeat(3, 0)),
            ShapeError, r"leading dims")
-    raises(f"{_p}-sin-float64", lambda f=_fn: f(RX, COS, SIN.astype(np.float64)), DTypeError, r"sin has dtype float64")
-    close(f"{_p}-x-nan-inf", lambda f=_fn: f(_RNAN, COS, SIN), lambda r=_ref: r(_RNAN, COS, SIN), rtol=1e-5, atol=1e-5)
-    equal(f"{_p}-x-bf16-negstride", lambda f=_fn: f(RX.astype(BF16)[::-1], COS.astype(BF16), SIN.astype(BF16)),
-          lambda f=_fn: f(np.ascontiguousarray(RX.astype(BF16)[::-1]), COS.astype(BF16), SIN.astype(BF16)))
-    _profile_cases(_p, lambda f=_fn, **kw: f(RX, COS, SIN, **kw))
-    _tile_cases(_p, "token_tile", lambda f=_fn, **kw: f(RX, COS, SIN, **kw), too_big=10**6)
-    raises(f"{_p}-out-shape", lambda f=_fn: f(RX, COS, SIN, out=np.empty((5, 2, 9), F32)), ShapeError, r"out must have x's shape")
+    raises(f"{_p}-sin-float64", lambda f=_fn, COS=COS, SIN=SIN: f(RX, COS, SIN.astype(np.float64)), DTypeError, r"sin has dtype float64")
+    close(f"{_p}-x-nan-inf", lambda f=_fn, COS=COS, SIN=SIN: f(_RNAN, COS, SIN), lambda r=_ref, COS=COS, SIN=SIN: r(_RNAN, COS, SIN), rtol=1e-5, atol=1e-5)
+    equal(f"{_p}-x-bf16-negstride", lambda f=_fn, COS=COS, SIN=SIN: f(RX.astype(BF16)[::-1], COS.astype(BF16), SIN.astype(BF16)),
+          lambda f=_fn, COS=COS, SIN=SIN: f(np.ascontiguousarray(RX.astype(BF16)[::-1]), COS.astype(BF16), SIN.astype(BF16)))
+    _profile_cases(_p, lambda f=_fn, COS=COS, SIN=SIN, **kw: f(RX, COS, SIN, **kw))
+    _tile_cases(_p, "token_tile", lambda f=_fn, COS=COS, SIN=SIN, **kw: f(RX, COS, SIN, **kw), too_big=10**6)
+    raises(f"{_p}-out-shape", lambda f=_fn, COS=COS, SIN=SIN: f(RX, COS, SIN, out=np.empty((5, 2, 9), F32)), ShapeError, r"out must have x's shape")
 
+COS, SIN = COS0, SIN0
 _tensor_cases("rope.rmsnorm", "x", RX, lambda a: rope.rmsnorm(a, RW), rank_bad=np.float32(1.0),
               huge_shape=(2**21, 2**10, 1, 2), zero_shape=(5, 0, 8))
 _tensor_cases("rope.rmsnorm", "weight", RW, lambda a: rope.rmsnorm(RX, a), rank_bad=np.float32(1.0), zero_shape=(0,))

@@ -17,7 +17,7 @@ from pypto_numba.errors import ConstraintError, ShapeError
 from pypto_numba.machine import tile
 from pypto_numba.machine.memo import CallMemo
 
-from helpers import DTYPES, assert_cost_matches_plan, make, run_traced
+from helpers import DTYPES, assert_cost_matches_plan, make, pair_tables, run_traced
 
 STORAGE_RTOL = {"fp32": 2.0**-21, "bf16": 2.0**-8, "fp16": 2.0**-10}  # a few roundings in the storage dtype
 
@@ -95,13 +95,13 @@ def test_rope_repeated_signature_same_result_and_cost(kind, dtype, rng):
     w = make(x.shape[-1:], dtype, rng, 0.1, 1.0)
     call = {
         "standard": lambda x, out=None: rope.standard(x, cos, sin, out=out),
-        "interleaved": lambda x, out=None: rope.interleaved(x, cos, sin, out=out),
+        "interleaved": lambda x, out=None: rope.interleaved(x, *pair_tables(cos, sin), out=out),
         "rmsnorm": lambda x, out=None: rope.rmsnorm(x, w, out=out),
         "fused_rmsnorm": lambda x, out=None: rope.fused_rmsnorm(x, w, cos, sin, out=out),
     }[kind]
     oracle = {
         "standard": lambda x: ref.rope_standard(x, cos, sin),
-        "interleaved": lambda x: ref.rope_interleaved(x, cos, sin),
+        "interleaved": lambda x: ref.rope_interleaved(x, *pair_tables(cos, sin)),
         "rmsnorm": lambda x: ref.rmsnorm(x, w),
         "fused_rmsnorm": lambda x: ref.rope_fused_rmsnorm(x, w, cos, sin),
     }[kind]

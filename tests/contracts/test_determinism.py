@@ -65,7 +65,7 @@ def cases():
         "mean.sum_div.dim0.fp16": (lambda: mean.sum_div(cols, dim=0), 2),
         "mean.sum_div.rows": (lambda: mean.sum_div(x), 1),
         "rope.standard": (lambda: rope.standard(rx, cos, sin), 1),
-        "rope.interleaved": (lambda: rope.interleaved(rx, cos, sin), 1),
+        "rope.interleaved": (lambda: rope.interleaved(rx, *(np.repeat(t[..., : t.shape[-1] // 2], 2, -1) for t in (cos, sin))), 1),
         "rope.rmsnorm": (lambda: rope.rmsnorm(rx, rw), 1),
         "rope.fused_rmsnorm": (lambda: rope.fused_rmsnorm(rx, rw, cos, sin), 1),
         "rope.cos_sin": (lambda: rope.cos_sin(np.arange(1000), 128, 1e6), 1),

@@ -1,5 +1,6 @@
 """tune.l0_tile: the device-fitted L0 tile model of npu-facts 8.2 (PyPTO's ChooseL0Tile)."""
 
+import dataclasses
 import itertools
 import math
 import shutil
@@ -430,7 +431,10 @@ def test_calibration_flags_a_kernel_whose_modelled_cube_work_is_short():
     epi = s.best["epilogue"]
     k = epi.plans[0].kernels[0]
     assert k.cube_flops == 2 * 2 * 2048 * 6144 * 2048  # gate and up: two [2048, 2048] @ [2048, 6144]
-    got = calibration._cube_caveats("swiglu", (epi,))
+    assert calibration._cube_caveats("swiglu", (epi,)) == []  # its plan names the task's two products
+    # without cube_task the pipe model infers one product per task from the L1 buffers: half the work
+    inferred = dataclasses.replace(epi.plans[0], kernels=(dataclasses.replace(k, cube_task=None),))
+    got = calibration._cube_caveats("swiglu", (dataclasses.replace(epi, plans=(inferred,)),))
     assert len(got) == 1 and "swiglu.epilogue" in got[0] and "0.50x" in got[0]
     # a plain linear kernel's modelled task is its planned work: no caveat
     lin = tune.search("linear", top=1, tokens=2048, in_features=2048, out_features=6144)
