@@ -108,7 +108,8 @@ XB = X.astype(BF16)
 MX = _normal((3, 5, 40)) + F32(0.5)
 RX = _normal((5, 2, 8))
 _cs = reference.cos_sin(np.arange(5), 8)
-COS0, SIN0 = COS, SIN = (np.asarray(t, np.float64).astype(F32) for t in _cs)
+COS, SIN = (np.asarray(t, np.float64).astype(F32) for t in _cs)
+COS0, SIN0 = COS, SIN
 
 
 def pair_tables(cos, sin):
