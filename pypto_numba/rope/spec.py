@@ -89,14 +89,19 @@ def _mirror_rmsnorm_standard(x, w, c, s, mirror=False, **o):
 _mirror_rmsnorm_standard.mirrors = True
 
 
+def _pairs(cos, sin):
+    """compare's split-half tables as the GPT-J pair tables interleaved expects (same frequencies)."""
+    return tuple(np.repeat(t[..., : t.shape[-1] // 2], 2, axis=-1) for t in (cos, sin))
+
+
 def _lab_variants():
     from ..lab import Variant
 
     return [
         Variant("standard", lambda x, w, c, s, **o: standard(x, c, s, **o),
                 lambda x, w, c, s, **o: _reference_standard(x, c, s), True),
-        Variant("interleaved", lambda x, w, c, s, **o: interleaved(x, c, s, **o),
-                lambda x, w, c, s, **o: _reference_interleaved(x, c, s)),
+        Variant("interleaved", lambda x, w, c, s, **o: interleaved(x, *_pairs(c, s), **o),
+                lambda x, w, c, s, **o: _reference_interleaved(x, *_pairs(c, s))),
         Variant("rmsnorm+standard", lambda x, w, c, s, **o: standard(rmsnorm(x, w, **o), c, s, **o),
                 _mirror_rmsnorm_standard),
         Variant("fused_rmsnorm", lambda x, w, c, s, **o: fused_rmsnorm(x, w, c, s, **o),
