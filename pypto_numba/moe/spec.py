@@ -120,18 +120,35 @@ def _mirror_weights(logits, ids, router, renormalize, scale, eps):
     return r(w * np.float32(scale))
 
 
+def _selection_scores(logits, bias, router):
+    """The float64 scores the kernels rank (sigmoid + bias, or softmax), for compare's tie-aware
+    id check (precision.py). Not group-filtered: tied group scores pick other groups, and an
+    expert of such a group is a legal pick when its score ties the reference's."""
+    from ..reference import f64
+
+    x = f64(logits)
+    if router == "softmax":
+        p = np.exp(x - x.max(axis=-1, keepdims=True))
+        sel = p / p.sum(axis=-1, keepdims=True)
+    else:
+        sel = 1.0 / (1.0 + np.exp(-x)) + (f64(bias)[None, :] if bias is not None else 0.0)
+    return sel
+
+
 def _fp32_weights(reference, router, options):
-    """A gating reference whose mirror rounds as the kernels do in fp32 (:func:`_mirror_weights`),
-    whatever the scores' storage dtype (the weights are fp32), and keeps the ids."""
+    """A gating reference that returns ``(weights, ids, selection scores)``: its mirror rounds the
+    weights as the kernels do in fp32 (:func:`_mirror_weights`), whatever the scores' storage dtype
+    (the weights are fp32), and keeps the ids; the scores make compare's id check tie-aware."""
 
     def ref(x, b, mirror=False, **o):
         w, ids = reference(x, b)
-        if not mirror:
-            return w, ids
         kw = options(x.shape[1])
+        sel = _selection_scores(x, b if router == "sigmoid" else None, router)
+        if not mirror:
+            return w, ids, sel
         eps = 1e-20 if router == "sigmoid" else 0.0
         return _mirror_weights(x, ids, router, kw.get("renormalize", router == "sigmoid"),
-                               kw.get("routed_scaling_factor", 1.0), eps), ids
+                               kw.get("routed_scaling_factor", 1.0), eps), ids, sel
 
     ref.mirrors = True
     return ref

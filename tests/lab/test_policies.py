@@ -247,8 +247,8 @@ def test_op_pages_show_the_distribution_per_strategy_and_dtype():
 
 
 def test_compare_scores_ids_tie_aware_when_the_reference_gives_scores(monkeypatch):
-    """compare passes a reference's extra array (the selection scores) to the id comparison; the
-    moe spec's references do not give it yet, so this uses a softmax-gating row that does."""
+    """compare passes a reference's extra array (the selection scores) to the id comparison; this
+    row's reference breaks ties toward the higher index, against the kernels' lower-index rule."""
     import dataclasses
 
     import ml_dtypes
@@ -271,3 +271,16 @@ def test_compare_scores_ids_tie_aware_when_the_reference_gives_scores(monkeypatc
     weights, ids = cmp.rows[0].precision
     assert ids.ties > 0 and ids.passed and weights.passed and cmp.rows[0].verdict == "PASS"
     assert cmp.to_dict()["rows"][0]["precision"][1]["ties"] == ids.ties
+
+
+def test_compare_moe_counts_ties_of_saturated_sigmoid_scores():
+    """Logits in [18, 30]: every sigmoid rounds to 1.0 in fp32, so the kernel ranks all experts
+    equal (lower index first) while the float64 reference ranks them by logit. The moe spec's
+    references give their selection scores, so compare calls those id mismatches ties."""
+    logits = np.random.default_rng(5).uniform(18.0, 30.0, size=(16, 64)).astype(np.float32)
+    cmp = pn.compare("moe", logits, np.zeros(64, np.float32), repeats=1)
+    sig = next(r for r in cmp.rows if r.strategy == "sigmoid_gating")
+    _, ids = sig.precision
+    assert ids.ties > 0 and ids.passed and ids.bad == 0
+    ids_np = pn.moe.sigmoid_gating(logits, 8, bias=np.zeros(64, np.float32), n_group=8, topk_group=4)[1]
+    assert (ids_np == np.arange(8)).all()  # all tied: group 0 first, then its experts by index
