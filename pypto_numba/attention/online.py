@@ -348,7 +348,8 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
         sinks=sinks, options=(kv_tile, q_tile, pv), layout=layout)
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
-    cm = resolve_cast_mode(cast_mode, profile, where) if a.dtype != "fp32" else dtypes.RINT
+    cm = resolve_cast_mode(cast_mode, profile, where)  # a bad name is refused for fp32 too
+    cm = cm if a.dtype != "fp32" else dtypes.RINT  # fp32 never narrows: one kernel for every mode
     out, out_k = a.empty_out()
     with Launch(p, a.shapes) as run:
         kk, vk = run_expand(a, run)

@@ -527,7 +527,8 @@ def paged_call(strategy, q, k_cache, v_cache, *, block_table, kv_len, scale, cau
     p = plan_paged(strategy, a.q.shape, a.k.shape, table.shape, a.v.shape, a.dtype, kv_len=a.kv_len,
                    profile=profile, **opts)
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
-    cm = resolve_cast_mode(cast_mode, profile, where) if a.dtype != "fp32" else dtypes.RINT
+    cm = resolve_cast_mode(cast_mode, profile, where)  # a bad name is refused for fp32 too
+    cm = cm if a.dtype != "fp32" else dtypes.RINT  # fp32 never narrows: one kernel for every mode
     Rmax = a.G * qt
     nq = -(-a.Sq // qt)
     out, out_k = a.empty_out()
