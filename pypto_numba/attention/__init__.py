@@ -25,7 +25,10 @@ CPU vectorises a strided load differently); the lse stays ``[B, Hq, Sq]``, the m
 
 Rounding points as on the NPU: S in fp32 from
 storage-dtype operands, softmax in fp32, P rounded to the storage dtype before P@V, fp32
-accumulation, one cast at the end.
+accumulation, one cast at the end. ``cast_mode=`` (``machine/dtypes.py``) rounds the vector unit's
+casts: P in every strategy, and online's and flash's output (O / l, or the split-KV combine);
+standard's output is its pv cube kernel's FIXPIPE cast, always rint (npu-facts 8.3), as
+``linear.matmul_add``'s product. ``write_kv`` copies bits: it accepts the mode with no effect.
 
 Strategies (b = itemsize, rows = B*Hq*Sq)::
 
@@ -176,11 +179,15 @@ def _lab_reference(
     num_splits=None,
     **o,
 ):
-    """The oracle takes the math options only; tiling and GQA options do not change the result.
-    ``mirror=True``: :func:`_mirror_attention` with the strategy's kv tile (its plan's params)."""
-    mirror, profile = o.pop("mirror", False), o.pop("profile", None)
+    """The oracle takes the math options only; tiling, GQA and cast-mode options do not change the
+    result. ``mirror=True``: :func:`_mirror_attention` with the strategy's kv tile (its plan's params)
+    and cast mode (``cast_mode``, else ``use_cast_mode`` / the profile's, as the call resolves it)."""
+    from ..machine.profile import resolve_cast_mode
+
+    mirror, profile, cast_mode = o.pop("mirror", False), o.pop("profile", None), o.pop("cast_mode", None)
     if not mirror:
         return _reference_attention(q, k, v, **o)
+    o["cast_mode"] = resolve_cast_mode(cast_mode, profile, f"attention.{strategy}").name
     if strategy == "standard":
         return _mirror_attention(q, k, v, None, "storage", **o)
     plan = {"online": plan_online, "flash": plan_flash}[strategy]
@@ -204,19 +211,20 @@ def _storage(a):
 
 
 def _mirror_attention(q, k, v, kv_tile, pv="storage", scale=None, causal=False, kv_len=None, mask=None,
-                      return_lse=False, window=None, softcap=None, sinks=None, layout="bhsd"):
+                      return_lse=False, window=None, softcap=None, sinks=None, layout="bhsd", cast_mode=None):
     """The kernel-faithful golden: float64, rounded where the strategy narrows. ``kv_tile=None``
     (standard): P = exp(s - m) / l rounded to the storage dtype before P@V. Otherwise per KV tile
     of ``kv_tile`` keys: P_t = exp(s - m_t) rounded against the tile's max m_t (unless ``pv`` keeps
     it in fp32 or compensates it), l_t the sum of the unrounded exps, merged by the running max;
-    the sinks join as one last tile. The output rounded once; lse to fp32."""
+    the sinks join as one last tile. The output rounded once; lse to fp32. ``cast_mode`` (None:
+    rint) rounds P and, with a kv tile, the output (standard's is the FIXPIPE's: rint)."""
     import numpy as np
 
     from ..lab.spec import to_storage
 
     dt = _storage(q)
     s, vv = _masked_scores(q, k, v, scale, causal, kv_len, mask, window, softcap, sinks, layout)
-    rnd = (lambda x: to_storage(x, dt)) if pv == "storage" else (lambda x: x)  # noqa: E731
+    rnd = (lambda x: to_storage(x, dt, cast_mode)) if pv == "storage" else (lambda x: x)  # noqa: E731
     B, H, Sq, n = s.shape
     keys = n - (sinks is not None)
     bounds = [(0, keys)] if kv_tile is None else [(j, min(j + kv_tile, keys)) for j in range(0, keys, kv_tile)]
@@ -245,7 +253,7 @@ def _mirror_attention(q, k, v, kv_tile, pv="storage", scale=None, causal=False, 
         out = np.where((l > 0) | np.isnan(l), out, 0.0)
     if layout == "bshd":
         out = out.transpose(0, 2, 1, 3)
-    out = to_storage(out, dt)
+    out = to_storage(out, dt, None if kv_tile is None else cast_mode)
     if return_lse:
         _, lse = _reference_attention(q, k, v, scale, causal, kv_len, mask, True, window, softcap, sinks, layout)
         return out, to_storage(lse, "fp32")

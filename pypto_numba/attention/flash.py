@@ -39,7 +39,7 @@ from ..machine import cube, dtypes, tile
 from ..machine.jit import device, kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
-from ..machine.profile import load_profile
+from ..machine.profile import load_profile, resolve_cast_mode
 from ..machine.scratch import Regions
 from ..machine.vmath import exp as vexp
 from ..strategy import Launch, register
@@ -118,6 +118,7 @@ def _flash_kernel(
     part_m,
     part_l,
     part_o,
+    cm,
 ):
     """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head[, split])
     through their KV tiles together (:func:`tasks.query_group`); each query tile is its own NPU task.
@@ -138,6 +139,7 @@ def _flash_kernel(
     state, state_at : per-thread running states, ``qg`` of (m, l, O) each, and one's bounds
     (:func:`state_layout`)
     part_m, part_l, part_o : split partials [n_split, blocks, ...] (unused when n_split == 1)
+    cm : the cast mode of P and of the output (a ``dtypes.CastMode``: one compiled kernel per mode)
 
     Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
     """
@@ -193,7 +195,7 @@ def _flash_kernel(
                 tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, left, right,
                                     scale, softcap, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph,
-                                    PV_STORAGE, q)
+                                    PV_STORAGE, q, cm)
                 tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
                 merge_state(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw],
                             mt, lt, ot, R, Dv)
@@ -214,7 +216,7 @@ def _flash_kernel(
                     merge_sink(ms, ls, os, R, Dv, sinks, kvh, G, qv)
                     gm_read += R * 4
                     vector_ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
-                write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
+                write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv, cm)
                 gm_write += R * Dv * b_sz
                 vector_ops += R * Dv * FINAL_ELEM_OPS
                 if want_lse:
@@ -263,7 +265,8 @@ def run_span(b, i0, qv, Sq, Skv, kv_len, causal, left, right, kv_tile):
 # blocks than cores, so a few KiB), and a parallel region costs a wake-up of the other thread,
 # which on a loaded host can take as long as the whole decode step.
 @kernel(parallel=False)
-def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt, has_sinks, sinks):
+def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt, has_sinks, sinks, cm):
+    """The split partials merged by log-sum-exp weights; the output cast by cast mode ``cm``."""
     n_split = part_m.shape[0]
     B, Hq, Sq, Dv = out.shape
     G = Hq // Hkv
@@ -310,7 +313,7 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt, has_sin
                 for sp in range(n_split):
                     w = vexp(part_m[sp, blk, r] - m)
                     o += w * part_o[sp, blk, r * Dv + d]
-                out[b, h, i0 + ii, d] = dtypes.narrow(out, o * inv)
+                out[b, h, i0 + ii, d] = dtypes.narrow(out, o * inv, cm)
             if want_lse:
                 lse[b, h, i0 + ii] = m + np.float32(np.log(l)) if m == m else m
         gm_read += n_split * R * (Dv + 2) * 4
@@ -470,7 +473,7 @@ def plan_flash(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, q_
           summary="fused flash kernel: state on-chip, masked tiles skipped, split-KV for decode")
 def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
           q_tile=None, kv_tile=None, num_splits=None, return_lse=False, window=None, softcap=None,
-          sinks=None, block_table=None, profile=None, layout="bhsd"):
+          sinks=None, block_table=None, profile=None, layout="bhsd", cast_mode=None):
     """Fused flash attention (see the module docstring). ``return_lse=True`` -> (out, lse fp32 [B, Hq, Sq]).
 
     ``block_table`` (int32 [B, max_blocks_per_seq], with ``kv_len``): k and v are paged caches
@@ -480,6 +483,8 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
     soft-capping, gpt-oss sinks); the lse includes the sink.
     ``mask``: additive fp32/bf16/fp16 or bool (True = keep), broadcastable to [B, Hq, Sq, Skv];
     ``layout``: "bhsd" or "bshd" ([B, S, H, D] q/k/v and result); see the package docstring.
+    ``cast_mode``: the rounding of the vector casts, P and the output (the combine's with split-KV)
+    (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint).
     """
     where = "attention.flash"
     if not isinstance(return_lse, (bool, np.bool_)):
@@ -489,7 +494,8 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
 
         return paged_call("flash", q, k, v, block_table=block_table, kv_len=kv_len, scale=scale, causal=causal,
                           mask=mask, gqa=gqa, window=window, softcap=softcap, sinks=sinks, profile=profile,
-                          kv_tile=kv_tile, q_tile=q_tile, num_splits=num_splits, return_lse=return_lse, layout=layout)
+                          kv_tile=kv_tile, q_tile=q_tile, num_splits=num_splits, return_lse=return_lse, layout=layout,
+                          cast_mode=cast_mode)
     a, p = prepare(where, q, k, v, profile, lambda a: plan_flash(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, q_tile=q_tile, kv_tile=kv_tile,
         num_splits=num_splits, return_lse=return_lse, causal=a.causal, kv_len=a.kv_len,
@@ -497,6 +503,8 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
         sinks=sinks, options=(q_tile, kv_tile, num_splits, return_lse), layout=layout)
     kvt, qt, n_split = p.params["kv_tile"], p.params["q_tile"], p.params["num_splits"]
+    cm = resolve_cast_mode(cast_mode, profile, where)  # a bad name is refused for fp32 too
+    cm = cm if a.dtype != "fp32" else dtypes.RINT  # fp32 never narrows: one kernel for every mode
     out, out_k = a.empty_out()
     lse = np.empty((a.B, a.Hq, a.Sq), np.float32)
     want = bool(return_lse)
@@ -522,10 +530,10 @@ def flash(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="hea
             counted = _flash_kernel(a.q.kview, kk, vk, out_k, lse, want, a.kv_len, a.causal, a.left,
                                     a.right, a.scale, a.softcap, a.has_mask, a.mask_flat, msb, msh, msi,
                                     msj, a.has_sinks, a.sinks, qt, qg, kvt, n_split, kt, scratch,
-                                    layout.bounds, state, state_at.bounds, part_m, part_l, part_o)
+                                    layout.bounds, state, state_at.bounds, part_m, part_l, part_o, cm)
         run.count(counted, workspace_bytes=p.kernels[len(p.kernels) - (2 if n_split > 1 else 1)].workspace_bytes)
         if n_split > 1:
-            run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt, a.has_sinks, a.sinks))
+            run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, Hkv, qt, a.has_sinks, a.sinks, cm))
         run.workspace(a.copied_bytes)
     if return_lse:
         return out, lse

@@ -12,7 +12,7 @@ from ..machine import dtypes
 from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, align_elems, vector_tile
-from ..machine.profile import load_profile
+from ..machine.profile import load_profile, resolve_cast_mode
 from ..strategy import Launch
 
 SLOT_ENTRY_BYTES = 8  # one int64 slot_mapping entry (write_kv hands the kernel int64 slots)
@@ -82,7 +82,7 @@ def plan_write_kv(new_shape, cache_shape, dtype="fp32", *, v_dim=None, tokens=No
                 params={"tokens": live, "per_task": per, "block_size": int(cache_shape[1])})
 
 
-def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, profile=None):
+def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, profile=None, cast_mode=None):
     """Write T new tokens into the paged caches in place (vLLM's reshape_and_cache).
 
     ``k_new [T, Hkv, D]``, ``v_new [T, Hkv, Dv]`` in the caches' dtype; ``slot_mapping[T]`` int32 or
@@ -90,8 +90,11 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping, *, profile=None):
     ``k_cache[slot // block_size, slot % block_size] = k_new[t]`` (and v alike). Slots must lie in
     ``[0, num_blocks * block_size)`` and be distinct (-1 excepted). Returns None. One counted copy
     kernel (:func:`plan_write_kv`), recorded by ``trace()`` as ``attention.write_kv``; not a
-    registered strategy (compare/advise do not list it)."""
+    registered strategy (compare/advise do not list it). ``cast_mode`` is accepted and has no
+    effect: tokens are copied bit for bit (a bad mode name is still an error)."""
     where = "attention.write_kv"
+    if cast_mode is not None:
+        resolve_cast_mode(cast_mode, profile, where)
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, np.ndarray) or x.ndim != 4:
             raise ShapeError(f"{where}: {name} must be a numpy array [num_blocks, block_size, Hkv, D], got "

@@ -38,7 +38,7 @@ from ..machine import cube, dtypes, tile
 from ..machine.jit import device, kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan, reduce_tile
-from ..machine.profile import load_profile
+from ..machine.profile import load_profile, resolve_cast_mode
 from ..machine.scratch import Regions
 from ..strategy import Launch, register
 from .gqa_clone import expand_plans, run_expand
@@ -102,6 +102,7 @@ def _online_kernel(
     ws_m,
     ws_l,
     ws_o,
+    cm,
 ):
     """One prange iteration walks ``qg`` consecutive query tiles of one (batch, KV head) through
     the KV tiles together (:func:`tasks.query_group`); each query tile is its own NPU task with
@@ -120,6 +121,7 @@ def _online_kernel(
     kt : K packed transposed (tiles.packed_keys; empty for decode-shaped tiles)
     scratch, scratch_at : per-thread slabs and their region bounds (:func:`scratch_layout`)
     ws_m, ws_l, ws_o : the running state per NPU task (GM workspace)
+    cm : the cast mode of P and of the output (a ``dtypes.CastMode``: one compiled kernel per mode)
 
     Returns the counters (tasks, gm_read, gm_write, vector_ops, cube_flops).
     """
@@ -173,7 +175,7 @@ def _online_kernel(
                 tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, left, right,
                                     scale, softcap, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl,
-                                    pv_mode, q)
+                                    pv_mode, q, cm)
                 tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
                 if pv_mode == PV_COMPENSATED:
                     tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)
@@ -202,7 +204,7 @@ def _online_kernel(
                 merge_sink(ws_m[task], ws_l[task], ws_o[task], R, Dv, sinks, kvh, G, qv)
                 gm_read += R * 4
                 vector_ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
-            write_out(ws_o[task], ws_l[task], R, Dv, out, b, kvh, G, i0, qv)
+            write_out(ws_o[task], ws_l[task], R, Dv, out, b, kvh, G, i0, qv, cm)
             gm_write += R * Dv * b_sz
             vector_ops += R * Dv * FINAL_ELEM_OPS
             tasks += 1
@@ -320,7 +322,7 @@ def plan_online(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None, k
           summary="online softmax over KV tiles, state in GM workspace (PyPTO decode)")
 def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop",
            kv_tile=None, q_tile=None, pv="storage", window=None, softcap=None, sinks=None, block_table=None,
-           profile=None, layout="bhsd"):
+           profile=None, layout="bhsd", cast_mode=None):
     """Attention by online softmax over ``kv_tile`` KV tiles (see the module docstring).
 
     ``pv``: "storage" rounds P to the storage dtype before P@V (the NPU), "compensated" adds a
@@ -330,6 +332,8 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
     Hkv, D] (paged.py).
     ``mask``: additive fp32/bf16/fp16 or bool (True = keep), broadcastable to [B, Hq, Sq, Skv];
     ``layout``: "bhsd" or "bshd" ([B, S, H, D] q/k/v and result); see the package docstring.
+    ``cast_mode``: the rounding of the vector casts, P (both parts with "compensated") and the output
+    (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint).
     """
     where = "attention.online"
     if block_table is not None:
@@ -337,13 +341,15 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
 
         return paged_call("online", q, k, v, block_table=block_table, kv_len=kv_len, scale=scale, causal=causal,
                           mask=mask, gqa=gqa, window=window, softcap=softcap, sinks=sinks, profile=profile,
-                          kv_tile=kv_tile, q_tile=q_tile, pv=pv, layout=layout)
+                          kv_tile=kv_tile, q_tile=q_tile, pv=pv, layout=layout, cast_mode=cast_mode)
     a, p = prepare(where, q, k, v, profile, lambda a: plan_online(
         a.q.shape, a.k.shape, a.v.shape, a.dtype, profile=profile, kv_tile=kv_tile, q_tile=q_tile, pv=pv,
         causal=a.causal, kv_len=a.kv_len, has_mask=a.has_mask, gqa=a.gqa, **a.plan_options()),
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
         sinks=sinks, options=(kv_tile, q_tile, pv), layout=layout)
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
+    cm = resolve_cast_mode(cast_mode, profile, where)  # a bad name is refused for fp32 too
+    cm = cm if a.dtype != "fp32" else dtypes.RINT  # fp32 never narrows: one kernel for every mode
     out, out_k = a.empty_out()
     with Launch(p, a.shapes) as run:
         kk, vk = run_expand(a, run)
@@ -365,7 +371,7 @@ def online(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="he
                                      a.scale, a.softcap, a.has_mask, a.mask_flat, msb, msh, msi, msj,
                                      a.has_sinks, a.sinks, qt, qg, kvt,
                                      PV_CODE[p.params["pv"]], kt, scratch, layout.bounds,
-                                     ws_m, ws_l, ws_o)
+                                     ws_m, ws_l, ws_o, cm)
         run.count(counted, workspace_bytes=p.kernels[-1].workspace_bytes)
         run.workspace(a.copied_bytes)
     return out

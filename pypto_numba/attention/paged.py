@@ -29,6 +29,7 @@ from .. import inputs
 from ..errors import ConstraintError, DTypeError, ShapeError
 from ..machine import cube, dtypes, tile
 from ..machine.jit import device, kernel
+from ..machine.profile import resolve_cast_mode
 from ..strategy import Launch
 from .flash import _combine_kernel, _split_tiles, plan_flash, run_tiles
 from .flash import scratch_layout as flash_scratch
@@ -138,7 +139,7 @@ def _geometry(q, k, v, qt, qg):
 def _paged_flash_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, causal, left, right, scale,
                         softcap, has_mask, mask, msb, msh, msi, msj, has_sinks, sinks, qt, qg, kv_tile,
                         n_split, kbuf, vbuf, ktbuf, scratch, scratch_at, state, state_at, part_m, part_l,
-                        part_o):
+                        part_o, cm):
     """flash._flash_kernel over the pages (k, v: [num_blocks, bs, Hkv, D]; ``Skv`` the logical
     length); each run tile is loaded into ``kbuf``/``vbuf`` (and packed into ``ktbuf`` for prefill
     blocks) once per CPU task and read by the tile bodies as a dense tile."""
@@ -205,7 +206,7 @@ def _paged_flash_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
                 tile_scores(qf, R, kb, 0, 0, 0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, left, right,
                                     scale, softcap, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph,
-                                    PV_STORAGE, q)
+                                    PV_STORAGE, q, cm)
                 tile_pv(ph, R, n, vb, 0, 0, 0, ot, use_gemm, nmax)
                 merge_state(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw],
                             mt, lt, ot, R, Dv)
@@ -226,7 +227,7 @@ def _paged_flash_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
                     merge_sink(ms, ls, os, R, Dv, sinks, kvh, G, qv)
                     gm_read += R * 4
                     vector_ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
-                write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv)
+                write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv, cm)
                 gm_write += R * Dv * b_sz
                 vector_ops += R * Dv * FINAL_ELEM_OPS
                 if want_lse:
@@ -254,7 +255,7 @@ def _paged_flash_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
 @kernel
 def _paged_online_kernel(q, k, v, table, bs, Skv, out, kv_len, causal, left, right, scale, softcap,
                          has_mask, mask, msb, msh, msi, msj, has_sinks, sinks, qt, qg, kv_tile, pv_mode,
-                         kbuf, vbuf, ktbuf, scratch, scratch_at, ws_m, ws_l, ws_o):
+                         kbuf, vbuf, ktbuf, scratch, scratch_at, ws_m, ws_l, ws_o, cm):
     """online._online_kernel over the pages (see :func:`_paged_flash_kernel`): it walks the dense
     kernel's tiles (all of the logical cache, or the window band's), reading no page past kv_len."""
     B, Hq, Sq, D, Hkv, Dv, G, nq, ng, Rmax = _geometry(q, k, v, qt, qg)
@@ -320,7 +321,7 @@ def _paged_online_kernel(q, k, v, table, bs, Skv, out, kv_len, causal, left, rig
                 tile_scores(qf, R, kb, 0, 0, 0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, left, right,
                                     scale, softcap, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl,
-                                    pv_mode, q)
+                                    pv_mode, q, cm)
                 tile_pv(ph, R, n, vb, 0, 0, 0, ot, use_gemm, nmax)
                 if pv_mode == PV_COMPENSATED:
                     tile_pv(pl, R, n, vb, 0, 0, 0, ot2, use_gemm, nmax)
@@ -349,7 +350,7 @@ def _paged_online_kernel(q, k, v, table, bs, Skv, out, kv_len, causal, left, rig
                 merge_sink(ws_m[task], ws_l[task], ws_o[task], R, Dv, sinks, kvh, G, qv)
                 gm_read += R * 4
                 vector_ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
-            write_out(ws_o[task], ws_l[task], R, Dv, out, b, kvh, G, i0, qv)
+            write_out(ws_o[task], ws_l[task], R, Dv, out, b, kvh, G, i0, qv, cm)
             gm_write += R * Dv * b_sz
             vector_ops += R * Dv * FINAL_ELEM_OPS
             tasks += 1
@@ -511,8 +512,9 @@ def _tile_buffers(kv_tile, D, Dv, kdtype, Rmax):
 
 def paged_call(strategy, q, k_cache, v_cache, *, block_table, kv_len, scale, causal, mask, gqa, window,
                softcap, sinks, profile, kv_tile=None, q_tile=None, num_splits=None, return_lse=False,
-               pv="storage", layout="bhsd"):
-    """The paged path of :func:`flash.flash` and :func:`online.online` (their ``block_table=``)."""
+               pv="storage", layout="bhsd", cast_mode=None):
+    """The paged path of :func:`flash.flash` and :func:`online.online` (their ``block_table=``;
+    ``cast_mode`` rounds P and the output as the dense kernels do)."""
     where = f"attention.{strategy}"
     a, table, bs = validate_paged(q, k_cache, v_cache, where, block_table=block_table, kv_len=kv_len,
                                   scale=scale, causal=causal, mask=mask, gqa=gqa, window=window,
@@ -525,6 +527,8 @@ def paged_call(strategy, q, k_cache, v_cache, *, block_table, kv_len, scale, cau
     p = plan_paged(strategy, a.q.shape, a.k.shape, table.shape, a.v.shape, a.dtype, kv_len=a.kv_len,
                    profile=profile, **opts)
     kvt, qt = p.params["kv_tile"], p.params["q_tile"]
+    cm = resolve_cast_mode(cast_mode, profile, where)  # a bad name is refused for fp32 too
+    cm = cm if a.dtype != "fp32" else dtypes.RINT  # fp32 never narrows: one kernel for every mode
     Rmax = a.G * qt
     nq = -(-a.Sq // qt)
     out, out_k = a.empty_out()
@@ -552,11 +556,11 @@ def paged_call(strategy, q, k_cache, v_cache, *, block_table, kv_len, scale, cau
                     a.q.kview, kk, vk, table, bs, a.Skv, out_k, lse, want, a.kv_len, a.causal, a.left,
                     a.right, a.scale, a.softcap, a.has_mask, a.mask_flat, msb, msh, msi, msj, a.has_sinks,
                     a.sinks, qt, qg, kvt, n_split, kbuf, vbuf, ktbuf, scratch, layout.bounds, state,
-                    state_at.bounds, part_m, part_l, part_o)
+                    state_at.bounds, part_m, part_l, part_o, cm)
             run.count(counted, workspace_bytes=p.kernels[0].workspace_bytes)
             if n_split > 1:
                 run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, a.Hkv, qt, a.has_sinks,
-                                          a.sinks))
+                                          a.sinks, cm))
             run.workspace(a.copied_bytes)
         return (out, lse) if return_lse else out
     tasks = a.B * a.Hkv * nq
@@ -571,7 +575,7 @@ def paged_call(strategy, q, k_cache, v_cache, *, block_table, kv_len, scale, cau
             counted = _paged_online_kernel(
                 a.q.kview, kk, vk, table, bs, a.Skv, out_k, a.kv_len, a.causal, a.left, a.right, a.scale,
                 a.softcap, a.has_mask, a.mask_flat, msb, msh, msi, msj, a.has_sinks, a.sinks, qt, qg, kvt,
-                PV_CODE[p.params["pv"]], kbuf, vbuf, ktbuf, scratch, layout.bounds, ws_m, ws_l, ws_o)
+                PV_CODE[p.params["pv"]], kbuf, vbuf, ktbuf, scratch, layout.bounds, ws_m, ws_l, ws_o, cm)
         run.count(counted, workspace_bytes=p.kernels[0].workspace_bytes)
         run.workspace(a.copied_bytes)
     return out

@@ -30,7 +30,7 @@ from ..machine import cube, dtypes, tile
 from ..machine.jit import kernel
 from ..machine.memo import memo_plan
 from ..machine.plan import KernelPlan, Plan
-from ..machine.profile import load_profile
+from ..machine.profile import load_profile, resolve_cast_mode
 from ..machine.scratch import Regions
 from ..machine.vmath import exp as vexp
 from ..machine.vmath import tanh as vtanh
@@ -119,8 +119,8 @@ def _scores_kernel(q, k, s_ws, qt, kt, scratch, scratch_at):
 
 @kernel
 def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has_mask, mask, msb, msh, msi,
-                    msj, has_sinks, sinks):
-    """P = softmax(S*scale + mask) per whole score row, rounded to ``p_ws``'s storage dtype
+                    msj, has_sinks, sinks, cm):
+    """P = softmax(S*scale + mask) per whole score row, rounded to ``p_ws``'s storage dtype by cast mode ``cm``
     (``mask``: flat, as stored (tiles.mask_term), element strides msb, msh, msi, msj) over the row's allowed keys
     (tiles.key_range; ``left``/``right``: the window); ``softcap`` > 0 caps ``S*scale`` first,
     ``sinks[h]`` joins the max and the sum as a column with no value."""
@@ -179,7 +179,7 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has
             for j in range(ul):  # keys before the window's left edge
                 prow[j] = dtypes.narrow(prow, np.float32(0.0))
             for j in range(ul, uc):
-                prow[j] = dtypes.narrow(prow, srow[j] * inv)
+                prow[j] = dtypes.narrow(prow, srow[j] * inv, cm)
             for j in range(c, Skv):
                 prow[j] = dtypes.narrow(prow, np.float32(0.0))
         gm_read += Skv * 4
@@ -196,8 +196,9 @@ def _softmax_kernel(s_ws, p_ws, kv_len, causal, left, right, scale, softcap, has
 
 @kernel
 def _pv_kernel(p_ws, v, out, kv_len, causal, left, right, qt, scratch, scratch_at):
-    """out = P V (fp32 accumulation over CHUNK-key steps, one cast), one task per (batch, KV
-    head) (``scratch_at``: :func:`pv_layout`)."""
+    """out = P V (fp32 accumulation over CHUNK-key steps, one cast: the cube FIXPIPE's, rint
+    whatever the cast mode, npu-facts 8.3), one task per (batch, KV head) (``scratch_at``:
+    :func:`pv_layout`)."""
     B, Hq, Sq, Skv = p_ws.shape
     Hkv = v.shape[1]
     Dv = v.shape[3]
@@ -333,13 +334,15 @@ def plan_standard(q_shape, k_shape, v_shape=None, dtype="fp32", *, profile=None,
 @register("attention", "standard", plan=plan_standard,
           summary="whole-row softmax, scores and P in GM workspace (3 kernels)")
 def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="head_loop", window=None,
-             softcap=None, sinks=None, block_table=None, profile=None, layout="bhsd"):
+             softcap=None, sinks=None, block_table=None, profile=None, layout="bhsd", cast_mode=None):
     """Whole-row attention: S = QK^T (GM) -> softmax row in UB -> P (storage dtype, GM) -> P@V.
 
     ``window``, ``softcap``, ``sinks``: see :func:`validation.validate`. ``block_table``: refused
     (a paged cache runs on online or flash).
     ``mask``: additive fp32/bf16/fp16 or bool (True = keep), broadcastable to [B, Hq, Sq, Skv];
     ``layout``: "bhsd" or "bshd" ([B, S, H, D] q/k/v and result); see the package docstring.
+    ``cast_mode``: the rounding of P, the softmax kernel's cast (``machine/dtypes.py``; default from
+    ``use_cast_mode`` / the profile: rint); the output is the pv kernel's FIXPIPE cast, always rint.
     """
     where = "attention.standard"
     if block_table is not None:
@@ -351,6 +354,8 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
         scale=scale, causal=causal, kv_len=kv_len, mask=mask, gqa=gqa, window=window, softcap=softcap,
         sinks=sinks, layout=layout)
     qt = p.params["q_tile"]
+    cm = resolve_cast_mode(cast_mode, profile, where)  # a bad name is refused for fp32 too
+    cm = cm if a.dtype != "fp32" else dtypes.RINT  # fp32 never narrows: one kernel for every mode
     out, out_k = a.empty_out()
     with Launch(p, a.shapes) as run:
         kk, vk = run_expand(a, run)
@@ -366,7 +371,7 @@ def standard(q, k, v, *, scale=None, causal=False, kv_len=None, mask=None, gqa="
                       workspace_bytes=s_ws.nbytes)
         msb, msh, msi, msj = a.mask_strides
         run.count(_softmax_kernel(s_ws, p_ws, a.kv_len, a.causal, a.left, a.right, a.scale, a.softcap,
-                                  a.has_mask, a.mask_flat, msb, msh, msi, msj, a.has_sinks, a.sinks),
+                                  a.has_mask, a.mask_flat, msb, msh, msi, msj, a.has_sinks, a.sinks, cm),
                   workspace_bytes=p_ws.nbytes)
         pv_at = pv_layout(Rmax, a.Dv)
         sc3 = tile.scratch(pv_at.total, np.float32)

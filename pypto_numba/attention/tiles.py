@@ -14,12 +14,13 @@ Per KV tile (the rounding points of the NPU)::
                          and the window's right edge bound hi, the window's left edge lo)
     p = exp(S - m)       fp32; disallowed keys give p = 0
     l = rowsum(p)        fp32, of the unrounded p
-    P = round(p)         storage dtype (pv="storage"); "compensated": P_hi + P_lo, two matmuls
+    P = round(p)         storage dtype, by the cast mode (pv="storage"); "compensated": P_hi + P_lo,
+                         two matmuls
     O = P V              fp32 accumulation
     merge:  m' = max(m_s, m); a = exp(m_s - m'); c = exp(m - m'); l' = a l_s + c l; O' = a O_s + c O
 
 and at the end ``out = O / l`` (0 when ``l == 0``: fully masked rows give zeros, never NaN), cast
-once to the storage dtype. A row whose tile has no allowed key (or whose keys are all ``-inf``
+once to the storage dtype by the cast mode. A row whose tile has no allowed key (or whose keys are all ``-inf``
 after the mask) contributes ``m = -inf, l = 0, O = 0`` and the merge leaves the state unchanged.
 Attention sinks (one logit per query head, no value) join the state once, after the last tile
 (:func:`merge_sink`), so they are in the row max, the sum and the lse, and never in P @ V.
@@ -50,7 +51,7 @@ from ..machine.jit import device, kernel
 from ..machine.tile import aligned_empty
 from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(-inf) = 0)
 from ..machine.vmath import rowmax as vrowmax  # the vector unit's row max (skips NaN)
-from ..machine.vmath import softmax_exp as vsoftmax_exp  # exp(s - m) -> P, and its sum
+from ..machine.vmath import softmax_exp_mode as vsoftmax_exp  # exp(s - m) -> P rounded by a cast mode, and its sum
 from ..machine.vmath import tanh as vtanh  # the vector unit's tanh (soft-capping)
 from .strided import flat_rows, key_row, pack_keys_strided, prefetch_key
 
@@ -340,8 +341,10 @@ def tile_softmax(
     pl,
     pv_mode,
     like,
+    cm,
 ):
-    """Scale, soft-cap, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype.
+    """Scale, soft-cap, mask, tile-local max/exp/sum; P rounded like ``like``'s storage dtype by
+    cast mode ``cm`` (the vector unit's cast).
 
     Writes ph (and pl only for PV_COMPENSATED, so pl may alias ph otherwise) [R, n], mt[R], lt[R].
     Returns the largest allowed key count in the tile (keys past it have p = 0 in every row).
@@ -358,6 +361,7 @@ def tile_softmax(
     ph, pl : P, and the rounding residual for PV_COMPENSATED (out)
     pv_mode : PV_STORAGE, PV_COMPENSATED or PV_FP32
     like : an array of the storage dtype (P is rounded to it)
+    cm : the cast mode of P's rounding (a ``dtypes.CastMode``: one compiled body per mode)
     """
     # two passes over the rows: every row's max first, then the exps, so the exp of a row does not
     # wait on its max's dependent chain (the same operations, so the same bits)
@@ -405,16 +409,16 @@ def tile_softmax(
             ul = np.uint64(0)
             uc = np.uint64(0)
         elif pv_mode == PV_FP32:  # P in fp32 (s is a float32 array: no rounding)
-            total = vsoftmax_exp(s, base + ul, c - lo, m, ph, s)
+            total = vsoftmax_exp(s, base + ul, c - lo, m, ph, s, cm)
         elif pv_mode == PV_COMPENSATED:  # compensated: P_hi + P_lo, both in the storage dtype
-            total = vsoftmax_exp(s, base + ul, c - lo, m, ph, s)
+            total = vsoftmax_exp(s, base + ul, c - lo, m, ph, s, cm)
             for j in range(ul, uc):
                 e = ph[base + j]
-                hi = dtypes.round_as(like, e)
+                hi = dtypes.round_as(like, e, cm)
                 ph[base + j] = hi
-                pl[base + j] = dtypes.round_as(like, e - hi)
+                pl[base + j] = dtypes.round_as(like, e - hi, cm)
         else:
-            total = vsoftmax_exp(s, base + ul, c - lo, m, ph, like)
+            total = vsoftmax_exp(s, base + ul, c - lo, m, ph, like, cm)
         for j in range(ul):  # keys before the window's left edge
             ph[base + j] = np.float32(0.0)
         for j in range(uc, np.uint64(n)):
@@ -491,10 +495,11 @@ def reset_state(ms, ls, os, R, Dv):
 
 
 @device
-def write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv):
-    """out[b, kvh*G+g, i0+ii, :] = os[r] / ls[r], one cast to the storage dtype. l == 0 (a fully
-    masked row) gives exact zeros, whatever O holds: its P row is 0, but 0 * a non-finite V value
-    inside kv_len is NaN (a NaN row has l = NaN and stays NaN)."""
+def write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv, cm):
+    """out[b, kvh*G+g, i0+ii, :] = os[r] / ls[r], one cast to the storage dtype (the vector unit's,
+    by cast mode ``cm``). l == 0 (a fully masked row) gives exact zeros, whatever O holds: its P
+    row is 0, but 0 * a non-finite V value inside kv_len is NaN (a NaN row has l = NaN and stays
+    NaN)."""
     for r in range(R):
         g = r // qv
         ii = r - g * qv
@@ -507,7 +512,7 @@ def write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv):
                 out[b, h, i0 + ii, d] = dtypes.narrow(out, np.float32(0.0))
             continue
         for d in range(Dv):
-            out[b, h, i0 + ii, d] = dtypes.narrow(out, os[base + d] * inv)
+            out[b, h, i0 + ii, d] = dtypes.narrow(out, os[base + d] * inv, cm)
 
 
 @device

@@ -92,12 +92,12 @@ class Variant:
 # rounded once to the inputs' storage dtype; a reference with inner cast points declares
 # ``mirror`` itself (``@mirrors``) and rounds with :func:`to_storage`.
 
-def to_storage(x, dtype: str) -> np.ndarray:
-    """``x`` rounded to storage dtype ``dtype`` (via float32, nearest even, as the kernels narrow),
-    back in float64. The one rounding call of every mirror (a cast mode threads through here)."""
+def to_storage(x, dtype: str, mode=None) -> np.ndarray:
+    """``x`` rounded to storage dtype ``dtype`` (via float32, then by cast mode ``mode``, None: rint,
+    nearest even, as the kernels narrow), back in float64. The one rounding call of every mirror."""
     x = np.asarray(x, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        return dtypes.to_float32(dtypes.from_float32(x.astype(np.float32), dtype)).astype(np.float64)
+        return dtypes.to_float32(dtypes.from_float32(x.astype(np.float32), dtype, mode)).astype(np.float64)
 
 
 def storage_of(*inputs) -> str:

@@ -7,7 +7,8 @@ Each formula is written once, as IR on a float32 scalar or a vector of any width
 are that IR on a scalar, and IR kernels (``softmax_exp``, GELU's span) use it on vectors, so the
 scalar and vector results have the same bits by construction. ``exp_plain`` ... ``rsqrt_plain``
 are the same formulas as plain numba code, the readable reference (``tests/machine/test_vmath.py``
-checks all three agree bit for bit). The bf16/fp16 rounding of P is ``machine/ir/convert.py``'s.
+checks all three agree bit for bit). The bf16/fp16 rounding of P is ``machine/ir/convert.py``'s
+(``softmax_exp_mode``: by a cast mode, ``round_mode_ir``).
 
 What
 ----
@@ -72,11 +73,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pypto_numba.machine import ir as irb
-from pypto_numba.machine.dtypes import f32_as_u32, u32_as_f32
+from pypto_numba.machine.dtypes import CastModeType, f32_as_u32, u32_as_f32
+from pypto_numba.machine.ir.convert import round_mode_ir
 from pypto_numba.machine.jit import device
 
-__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "exp_ir", "tanh_ir", "erf_ir", "sigmoid_ir",
-           "rsqrt_ir", "VMATH_FASTMATH"]
+__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "softmax_exp_mode", "exp_ir", "tanh_ir",
+           "erf_ir", "sigmoid_ir", "rsqrt_ir", "VMATH_FASTMATH"]
 
 VMATH_FASTMATH = frozenset({"contract"})
 """Fast-math flags of the vmath functions (see the module docstring for why not FASTMATH)."""
@@ -409,21 +411,14 @@ def rowmax(typingctx, s, base, c):
 _EXP_LANES = 16
 
 
-@intrinsic
-def softmax_exp(typingctx, s, base, c, m, p, like):
-    """``p[base + j] = round_as(like, exp(s[base + j] - m))`` for ``j < c``; returns the float32 sum
-    of the unrounded exps (the ``l`` of a softmax row).
-
-    :func:`exp` in 512-bit vectors (LLVM's vectoriser may pick 256-bit, ``machine/jit.py``, and a
-    softmax tile spent most of its time here), the sum in 16 lane partial sums folded in halves at the
-    end, then the < 16 last elements one at a time (a fixed order: the bits do not depend on
-    how the loop was compiled). ``like``: an array whose kernel dtype (float32, uint16 = bf16,
-    int16 = fp16) gives the rounding of p; ``s`` and ``p`` flat float32 (may be the same array).
-    """
+def _softmax_exp_typing(s, c, p, like):
     ok = all(isinstance(a, types.Array) and a.dtype == types.float32 for a in (s, p))
-    if not (ok and isinstance(like, types.Array) and like.dtype in (types.float32, types.uint16, types.int16)
-            and isinstance(c, types.Integer)):
-        return None
+    return (ok and isinstance(like, types.Array) and like.dtype in (types.float32, types.uint16, types.int16)
+            and isinstance(c, types.Integer))
+
+
+def _softmax_exp_codegen(mode):
+    """The codegen of :func:`softmax_exp` rounding p by cast mode ``mode`` (``rint``: ``round_ir``)."""
 
     def codegen(context, builder, sig, args):
         s_arr = context.make_array(sig.args[0])(context, builder, args[0])
@@ -446,7 +441,7 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
                 sp = builder.bitcast(builder.gep(s_arr.data, [off]), vf.as_pointer())
                 xv = builder.fsub(builder.load(sp, align=4), irb.splat(builder, mval, vf))
             e = exp_ir(builder, xv)
-            r = irb.round_ir(builder, e, like_t)
+            r = round_mode_ir(builder, e, like_t, mode)
             pp = builder.bitcast(builder.gep(p_arr.data, [off]), vf.as_pointer())
             builder.store(r, pp, align=4)
             return builder.fadd(total, e)
@@ -465,4 +460,30 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
             builder.store(one_step(1, off, builder.load(acc)), acc)
         return builder.extract_element(builder.load(acc), ir.Constant(ir.IntType(32), 0))
 
-    return types.float32(s, types.uint64, c, types.float32, p, like), codegen
+    return codegen
+
+
+@intrinsic
+def softmax_exp(typingctx, s, base, c, m, p, like):
+    """``p[base + j] = round_as(like, exp(s[base + j] - m))`` for ``j < c``; returns the float32 sum
+    of the unrounded exps (the ``l`` of a softmax row).
+
+    :func:`exp` in 512-bit vectors (LLVM's vectoriser may pick 256-bit, ``machine/jit.py``, and a
+    softmax tile spent most of its time here), the sum in 16 lane partial sums folded in halves at the
+    end, then the < 16 last elements one at a time (a fixed order: the bits do not depend on
+    how the loop was compiled). ``like``: an array whose kernel dtype (float32, uint16 = bf16,
+    int16 = fp16) gives the rounding of p; ``s`` and ``p`` flat float32 (may be the same array).
+    """
+    if not _softmax_exp_typing(s, c, p, like):
+        return None
+    return types.float32(s, types.uint64, c, types.float32, p, like), _softmax_exp_codegen("rint")
+
+
+@intrinsic
+def softmax_exp_mode(typingctx, s, base, c, m, p, like, mode):
+    """:func:`softmax_exp` with p rounded by ``mode`` (a ``dtypes.CastMode``: one specialisation
+    per mode; rint is :func:`softmax_exp`'s code)."""
+    if not (_softmax_exp_typing(s, c, p, like) and isinstance(mode, CastModeType)):
+        return None
+    return (types.float32(s, types.uint64, c, types.float32, p, like, mode),
+            _softmax_exp_codegen(mode.mode))

@@ -1036,6 +1036,13 @@ for _cid, _call in (
     ("embedding.gather", lambda: embedding.gather(_xb, np.array([1, 2]), cast_mode="nearest")),
     ("embedding.index_select", lambda: embedding.index_select(_xb, np.array([1, 2]), cast_mode="nearest")),
     ("repeat_kv.expand_clone", lambda: repeat_kv.expand_clone(np.ones((1, 2, 4, 32), BF16), 2, cast_mode="nearest")),
+    ("attention.standard", lambda: attention.standard(_x4[None], _x4[None], _x4[None], cast_mode="nearest")),
+    ("attention.online", lambda: attention.online(_x4[None], _x4[None], _x4[None], cast_mode="nearest")),
+    ("attention.flash", lambda: attention.flash(_x4[None], _x4[None], _x4[None], cast_mode="nearest")),
+    ("attention.flash-fp32", lambda: attention.flash(Q, K, V, cast_mode="nearest")),
+    ("attention.online-paged", lambda: attention.online(_PQ, _PKC, _PVC, block_table=_PT, kv_len=_PL, cast_mode="nearest")),
+    ("attention.flash-paged", lambda: attention.flash(_PQ, _PKC, _PVC, block_table=_PT, kv_len=_PL, cast_mode="nearest")),
+    ("attention.write_kv", lambda: attention.write_kv(*_WK, _WN, _WN, np.array([0, 1]), cast_mode="nearest")),
 ):
     raises(f"{_cid}-cast-mode-unknown", _call, CastModeError, _CM)
 raises("use_cast_mode-unknown", lambda: use_cast_mode("RINT"), CastModeError, r"use_cast_mode: unknown cast mode 'RINT'")

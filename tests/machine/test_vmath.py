@@ -9,6 +9,9 @@ tanh/erf/sigmoid, 4 ulp for exp).
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
@@ -327,6 +330,39 @@ def test_softmax_exp_matches_exp_and_rounds_like_storage(like):
     one = np.empty(1, np.float32)
     k_softmax_exp(s, m, p, like_arr, one, 1, 0)
     assert one[0] == 0.0
+
+
+@kernel
+def k_softmax_exp_mode(s, m, p, like, totals, rows, width, mode):
+    for r in prange(rows):
+        totals[r] = V.softmax_exp_mode(s, np.uint64(r * width), width - r % 19, m, p, like, mode)
+
+
+@pytest.mark.parametrize("fmt, mode", [("bf16", "floor"), ("fp16", "odd"), ("bf16", "rint")])
+def test_softmax_exp_mode_rounds_p_by_the_mode(fmt, mode):
+    """softmax_exp_mode writes the mode's rounding (the integer model of test_cast_modes.py) of the
+    unrounded exps (softmax_exp with a float32 ``like``), vector body and tail, and the same sums;
+    rint is softmax_exp's bits."""
+    spec = importlib.util.spec_from_file_location("cast_model", Path(__file__).with_name("test_cast_modes.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = mod.model
+    rng = np.random.default_rng(11)
+    rows, width = 20, 77
+    s = rng.uniform(-20.0, 3.0, rows * width).astype(np.float32)
+    s[::31] = -np.inf
+    m = np.float32(3.0)
+    like = np.zeros(1, dtypes.KERNEL[fmt])
+    p32, p = np.zeros(rows * width, np.float32), np.zeros(rows * width, np.float32)
+    t32, t = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    k_softmax_exp(s, m, p32, np.zeros(1, np.float32), t32, rows, width)
+    k_softmax_exp_mode(s, m, p, like, t, rows, width, dtypes.cast_mode(mode))
+    want = model(p32.view(np.uint32), fmt, mode).astype(np.uint16).view(dtypes.STORAGE[fmt]).astype(np.float32)
+    np.testing.assert_array_equal(p.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(t, t32)
+    if mode == "rint":
+        k_softmax_exp(s, m, p32, like, t32, rows, width)
+        np.testing.assert_array_equal(p.view(np.uint32), p32.view(np.uint32))
 
 
 def _ir_map(build, lanes):

@@ -1,7 +1,9 @@
 """cast_mode= on the vector strategies: the 16-bit result is the mode's rounding (the integer model
 of tests/machine/test_cast_modes.py) of the fp32 value the kernel computes before its cast, which
 is what the same strategy computes on the widened inputs in fp32 storage. Odd shapes (vector
-steps and scalar tails), bf16 and fp16. Strategies that do not narrow accept the option."""
+steps and scalar tails), bf16 and fp16. Strategies that do not narrow accept the option.
+Attention rounds twice (P and the output): against its mirror with the mode, and by the model
+where one of the two roundings is exact."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pypto_numba import embedding, gelu, linear, mean, moe, repeat_kv, rmsnorm, rope, softmax, swiglu
+from pypto_numba import attention, embedding, gelu, linear, mean, moe, precision, repeat_kv, rmsnorm, rope, softmax, swiglu
+from pypto_numba.attention import _reference_attention
 from pypto_numba.machine import dtypes
 from pypto_numba.machine.profile import use_cast_mode
+from pypto_numba.strategy import spec
 
 _spec = importlib.util.spec_from_file_location("cast_model", Path(__file__).parents[1] / "machine" / "test_cast_modes.py")
 _mod = importlib.util.module_from_spec(_spec)
@@ -156,3 +160,102 @@ def test_bad_mode_is_a_clear_error(rng):
         gelu.tanh(x, cast_mode="nearest")
     with pytest.raises(dtypes.CastModeError, match="softmax.online"):
         softmax.online(x, cast_mode=1)
+    q = make((1, 2, 3, 8), "fp32", rng)  # attention refuses a bad name for fp32 inputs too
+    with pytest.raises(dtypes.CastModeError, match="attention.flash: unknown cast mode 'nearest'.*rint, round"):
+        attention.flash(q, q, q, cast_mode="nearest")
+
+
+# --- attention: P (every strategy) and the output (online, flash; standard's is the FIXPIPE's: rint)
+# One odd shape, decode loops: G = 2, R = 10 rows, Skv = 37 keys in KV tiles of 16 (a tail; flash
+# splits the 3 tiles and combines). Each mode once per strategy: bf16 rint/round/floor/ceil, fp16
+# trunc/odd (every further call reuses those compiled kernels).
+ATT = {"standard": {}, "online": {"kv_tile": 16}, "flash": {"kv_tile": 16}}
+ATT_CASES = [("bf16", "round"), ("bf16", "floor"), ("bf16", "ceil"), ("fp16", "trunc"), ("fp16", "odd")]
+
+
+def att_inputs(fmt, rng, skv=37, dv=24, positive_v=False):
+    q, k = make((1, 4, 5, 24), fmt, rng, 1.0), make((1, 2, skv, 24), fmt, rng, 1.0)
+    v = make((1, 2, skv, dv), fmt, rng, 1.0)
+    return q, k, (np.abs(wide(v)) + 0.125).astype(v.dtype) if positive_v else v
+
+
+def att_mirror(strategy, q, k, v, **options):
+    return spec("attention").reference(q, k, v, strategy=strategy, mirror=True, **options)
+
+
+@pytest.mark.parametrize("fmt, mode", ATT_CASES)
+@pytest.mark.parametrize("strategy", list(ATT))
+def test_attention_within_its_mirror(strategy, fmt, mode, rng):
+    q, k, v = att_inputs(fmt, rng)
+    fn, kw = getattr(attention, strategy), ATT[strategy]
+    got = precision.mirror_check(fn(q, k, v, cast_mode=mode, **kw), att_mirror(strategy, q, k, v, cast_mode=mode, **kw),
+                                 fmt)
+    assert got.ok, f"{strategy} {fmt} {mode}: {got}"
+    if strategy == "online":  # P_hi + P_lo, both rounded by the mode: about P unrounded
+        got = precision.mirror_check(fn(q, k, v, cast_mode=mode, pv="compensated", **kw),
+                                     att_mirror(strategy, q, k, v, cast_mode=mode, pv="compensated", **kw), fmt)
+        assert got.ok, f"online compensated {fmt} {mode}: {got}"
+
+
+@pytest.mark.parametrize("strategy", list(ATT))
+def test_attention_floor_and_ceil_bracket_the_truth(strategy, rng):
+    """V > 0: P rounded down (floor) gives a smaller output than P rounded up (ceil) everywhere;
+    online and flash also round the output the same way, so floor <= float64 truth <= ceil."""
+    q, k, v = att_inputs("bf16", rng, positive_v=True)
+    fn, kw = getattr(attention, strategy), ATT[strategy]
+    lo, hi = (wide(fn(q, k, v, cast_mode=m, **kw)).astype(np.float64) for m in ("floor", "ceil"))
+    truth = _reference_attention(q, k, v)
+    assert (lo <= hi).all() and np.count_nonzero(lo < hi) > lo.size // 2
+    assert lo.mean() < truth.mean() < hi.mean()
+    if strategy != "standard":
+        assert (lo <= truth).all() and (truth <= hi).all()
+    # the mode is what moved them: each is within its own mode's mirror, not the other's
+    assert not precision.mirror_check(lo, att_mirror(strategy, q, k, v, cast_mode="ceil", **kw), "bf16").ok
+
+
+@pytest.mark.parametrize("strategy", list(ATT))
+def test_attention_output_cast_by_the_model(strategy, rng):
+    """q = 0: every score is 0, so p = 1 (online/flash) or 1/32 (standard, 32 keys) is exact in every
+    mode and the output is the fp32 mean of V, which the fp32 call computes the same way: its
+    16-bit cast is the mode's (online, flash: the vector unit) or rint (standard: the FIXPIPE)."""
+    skv = 32 if strategy == "standard" else 37
+    q, k, v = att_inputs("bf16", rng, skv=skv)
+    q = np.zeros_like(q)
+    fn, kw = getattr(attention, strategy), ATT[strategy]
+    y32 = fn(wide(q), wide(k), wide(v), **kw)
+    same(fn(q, k, v, cast_mode="floor", **kw), y32, "bf16", "rint" if strategy == "standard" else "floor")
+    if strategy == "standard":  # V = one-hot rows: the output is P itself, rounded by the mode
+        eye = np.zeros((1, 2, skv, skv), np.float32)
+        eye[..., np.arange(skv), np.arange(skv)] = 1
+        q, k, _ = att_inputs("bf16", rng, skv=skv)
+        same(fn(q, k, eye.astype(q.dtype), cast_mode="floor"), fn(wide(q), wide(k), eye), "bf16", "floor")
+
+
+@pytest.mark.parametrize("strategy", list(ATT))
+def test_attention_rint_is_the_default(strategy, rng, monkeypatch):
+    monkeypatch.delenv("PYPTO_NUMBA_CAST_MODE", raising=False)
+    q, k, v = att_inputs("bf16", rng)
+    fn, kw = getattr(attention, strategy), ATT[strategy]
+    assert np.array_equal(bits(fn(q, k, v, cast_mode="rint", **kw)), bits(fn(q, k, v, **kw)))
+    with use_cast_mode("floor"):  # the call and its mirror both follow the context
+        floor = fn(q, k, v, **kw)
+        mirror = att_mirror(strategy, q, k, v, **kw)
+    assert np.array_equal(bits(floor), bits(fn(q, k, v, cast_mode="floor", **kw)))
+    assert np.array_equal(mirror, att_mirror(strategy, q, k, v, cast_mode="floor", **kw))
+    q32, k32, v32 = wide(q), wide(k), wide(v)  # fp32 never narrows
+    assert np.array_equal(fn(q32, k32, v32, cast_mode="floor", **kw), fn(q32, k32, v32, **kw))
+
+
+@pytest.mark.parametrize("strategy", ["online", "flash"])
+def test_attention_paged_follows_the_mode(strategy, rng):
+    """A paged call (pages shuffled) gives the dense call's bits in a mode too; write_kv copies bits."""
+    q, k, v = att_inputs("bf16", rng, skv=48)
+    pages = rng.permutation(5)[:3].astype(np.int32)  # 3 pages of 16 keys in a cache of 5
+    kc = np.zeros((5, 16, 2, 24), k.dtype)
+    vc = np.zeros((5, 16, 2, 24), v.dtype)
+    lens = np.array([37])
+    slots = (pages[np.arange(37) // 16] * 16 + np.arange(37) % 16).astype(np.int64)
+    attention.write_kv(kc, vc, k[0, :, :37].transpose(1, 0, 2), v[0, :, :37].transpose(1, 0, 2), slots, cast_mode="floor")
+    fn, kw = getattr(attention, strategy), ATT[strategy]
+    paged = fn(q, kc, vc, block_table=pages[None], kv_len=lens, cast_mode="floor", **kw)
+    assert np.array_equal(bits(paged), bits(fn(q, k, v, kv_len=lens, cast_mode="floor", **kw)))

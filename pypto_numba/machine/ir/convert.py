@@ -220,4 +220,5 @@ def round_mode_ir(builder, e, kind, mode):
     if mode == "rint" or kind == types.float32:
         return round_ir(builder, e, kind)
     lanes = e.type.count if isinstance(e.type, ir.VectorType) else 1
-    return widen_ir(builder, narrow_mode_ir(builder, e, kind, lanes, mode), kind, lanes)
+    r = widen_ir(builder, narrow_mode_ir(builder, e, kind, lanes, mode), kind, lanes)
+    return r if r.type == e.type else builder.bitcast(r, e.type)  # <1 x float>: the lanes=1 IR is scalar
