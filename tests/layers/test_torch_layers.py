@@ -86,6 +86,9 @@ def test_qwen3_torch_in_torch_out(dt, phase, rng, made):
         assert bits(r + d.float()) == bits(want)
         ref = layer.reference(tt(h))
         assert ref.dtype == torch.float64 and bits(ref) == bits(layer.reference(h))
+        stack = [layer, layers.Qwen3Layer(CFG, dtype=dt, seed=4, layer=1)]  # the second's norm fused with the add
+        got = layers.run_stack(stack, tt(h))
+        assert isinstance(got, torch.Tensor) and bits(got) == bits(layers.run_stack(stack, h))
 
 
 @pytest.mark.parametrize("dt", ["fp32", "bf16"])
