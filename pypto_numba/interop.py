@@ -9,9 +9,10 @@ a strided input (counted as workspace) are the NumPy path's. ``torch.dtype`` arg
 ``rope.cos_sin``'s ``dtype``) become their NumPy dtypes. A tensor is judged exactly as its NumPy
 view would be (a bool ``mask`` is refused like a NumPy bool mask, until both accept it).
 
-When the main (first) argument is a tensor, every array in the result becomes a tensor sharing its
-memory (the result of an ``out=`` tensor is that tensor itself). Dtypes are kept: MoE ids stay
-int32 (``torch.int32``), while ``torch.topk`` returns int64 indices.
+When the main argument (the first, or the one named by ``main=``) is a tensor, every array in the
+result becomes a tensor sharing its memory (the result of an ``out=`` tensor is that tensor
+itself). Dtypes are kept: MoE ids stay int32 (``torch.int32``), while ``torch.topk`` returns int64
+indices.
 
 Refused with :class:`~pypto_numba.errors.DTypeError` (the error for an argument of the wrong kind):
 a tensor that requires grad (there is no autograd: pass ``t.detach()``) and a tensor that is not on
@@ -39,6 +40,13 @@ def _torch_types(torch):
     if tensor is None or dtype is None:
         return None
     return tensor, dtype
+
+
+def is_tensor(a) -> bool:
+    """Whether ``a`` is a torch tensor (False while torch is not loaded; never imports it)."""
+    torch = sys.modules.get("torch")
+    types = None if torch is None else _torch_types(torch)
+    return types is not None and isinstance(a, types[0])
 
 
 def to_numpy(t, name: str, where: str) -> np.ndarray:
@@ -84,12 +92,15 @@ def _numpy_dtype(d, torch):
     return torch.empty((), dtype=d).numpy().dtype  # raises TypeError for a dtype NumPy lacks
 
 
-def torch_aware(fn, where: str):
-    """Wrap ``fn`` (keeping its name, docstring and signature) to take and give torch tensors."""
+def torch_aware(fn, where: str, main: str | None = None):
+    """Wrap ``fn`` (keeping its name, docstring and signature) to take and give torch tensors.
+
+    ``main``: the name of the main argument, whose being a tensor makes the results tensors (by
+    default the first parameter; a method names its input, e.g. ``main="hidden"``)."""
     import inspect
 
     names = list(inspect.signature(fn).parameters)
-    first = names[0] if names else None
+    first = main or (names[0] if names else None)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -143,7 +154,8 @@ def _torch_call(fn, where, names, first, torch, Tensor, args, kwargs):
                 ) from None
         return a
 
-    main = args[0] if args else kwargs.get(first)
+    at = names.index(first) if first in names else 0
+    main = args[at] if len(args) > at else kwargs.get(first)
     new_args = tuple(convert(a, names[i] if i < len(names) else f"argument {i}") for i, a in enumerate(args))
     new_kwargs = {k: convert(v, k) for k, v in kwargs.items()}
     result = fn(*new_args, **new_kwargs)

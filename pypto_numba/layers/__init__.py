@@ -7,8 +7,10 @@
   strategies=, profile=)`` -> :class:`LayerPlan` (``.cost``, ``.estimate()``, ``.breakdown()``).
 - :class:`MoeBlock`: DeepSeek-V3's routed + shared experts.
 - :func:`run_stack`, and the layer-level precision studies in :mod:`.study`.
-- weights: generated from a seed, a dict, or a safetensors file (:func:`read_safetensors`,
-  :func:`write_safetensors`).
+- weights: generated from a seed, a dict (of NumPy arrays or torch tensors: a ``state_dict()``),
+  or a safetensors file (:func:`read_safetensors`, :func:`write_safetensors`).
+- torch: the layers take CPU torch tensors (``hidden``, ``positions``, ``x``) and then return
+  tensors sharing our outputs' memory (:mod:`pypto_numba.interop`); torch is never imported here.
 """
 
 from ..errors import ConfigError

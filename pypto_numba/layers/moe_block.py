@@ -10,18 +10,26 @@
     out[t] = sum_j w[t, j] * ys[(t, j)] + y_sh[t] collect + combine: embedding.gather to [T, k+1, H],
                                                   then moe.combine with weight 1 for the shared expert
 
-The router runs in the storage dtype (HF's DeepSeek-V3 computes it in fp32: an fp32 router is an
-``fp32`` block). Host steps: the argsort of the expert ids and the concatenation of the expert
-outputs (count no kernel). A plan needs the tokens per expert: by default the balanced routing
-(``T*k`` picks spread evenly over the experts); ``expert_tokens=`` gives a run's counts.
+The router runs in its weight's dtype: the storage dtype, or fp32 when ``mlp.gate.weight`` is given
+in fp32 (as production and HF's DeepSeek-V3 keep it): x is then widened to fp32 on the host (exact)
+and the router linear and the gating run in fp32. Host steps: the argsort of the expert ids and
+the concatenation of the expert outputs (count no kernel). A plan needs the tokens per expert: by
+default the balanced routing (``T*k`` picks spread evenly over the experts); ``expert_tokens=``
+gives a run's counts.
+
+torch: ``x`` may be a CPU torch tensor; the result is then a tensor sharing our output's memory
+(:func:`pypto_numba.interop.torch_aware`'s rules). A ``torch.dtype`` works as ``dtype``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from .. import embedding, linear, moe, swiglu
 from ..errors import ConfigError, ShapeError
+from ..interop import torch_aware
 from ..machine import dtypes
 from . import reference as ref
 from .config import resolve
@@ -49,6 +57,7 @@ class MoeBlock:
 
     kind = "moe"
 
+    @functools.partial(torch_aware, where="MoeBlock")  # a torch.dtype as dtype
     def __init__(self, config, weights=None, seed=0, dtype="bf16", layer=0, keep_bytes=1 << 30):
         self.config = resolve(config)
         if not self.config.is_moe:
@@ -62,6 +71,7 @@ class MoeBlock:
         c = self.config
         expert_bytes = 3 * c.hidden_size * c.moe_intermediate_size * dtypes.itemsize(self.dtype)
         self.keep = c.n_routed_experts * expert_bytes <= keep_bytes
+        self.router_dtype = dtypes.storage_name(self.weights["mlp.gate.weight"].dtype)  # dtype or fp32
 
     def gate_up(self, prefix):
         """``[Wg; Wu]`` of one expert (kept when the block keeps its experts)."""
@@ -82,6 +92,7 @@ class MoeBlock:
             h = getattr(swiglu, s["swiglu"])(lin(x, self.gate_up(prefix), profile=profile), profile=profile)
         return lin(h, w[prefix + "down_proj.weight"], profile=profile)
 
+    @functools.partial(torch_aware, where="MoeBlock", main="x")
     def __call__(self, x, strategies=None, profile=None, exact=()):
         c, w, dt = self.config, self.weights, self.dtype
         s = choose(strategies, MOE_CHOICES, MOE_PICKS)
@@ -91,10 +102,12 @@ class MoeBlock:
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, c.hidden_size))
         T, E, k = x2.shape[0], c.n_routed_experts, c.num_experts_per_tok
+        rt = self.router_dtype
+        x_router = x2 if rt == dt else x2.astype(np.float32)  # an fp32 router: x widened (exact)
         if "router" in exact:
-            logits = _exact(ref.linear(x2, w["mlp.gate.weight"]), dt)
+            logits = _exact(ref.linear(x_router, w["mlp.gate.weight"]), rt)
         else:
-            logits = getattr(linear, s["linear"])(x2, w["mlp.gate.weight"], profile=profile)
+            logits = getattr(linear, s["linear"])(x_router, w["mlp.gate.weight"], profile=profile)
         if c.scoring_func == "sigmoid":
             gw, ids = moe.sigmoid_gating(logits, k, bias=w["mlp.gate.e_score_correction_bias"], n_group=c.n_group,
                                          topk_group=c.topk_group, group_score="top2_sum",
@@ -140,6 +153,7 @@ class MoeBlock:
         out = moe.combine(collected, np.ascontiguousarray(np.concatenate(cols, axis=1)), profile=profile)
         return out.reshape(lead + (c.hidden_size,))
 
+    @functools.partial(torch_aware, where="MoeBlock.reference", main="x")
     def reference(self, x):
         c = self.config
         return ref.moe_block(c, self.weights, np.asarray(x).reshape(-1, c.hidden_size),
@@ -147,17 +161,24 @@ class MoeBlock:
 
     def plan(self, phase="decode", batch=1, context=4096, dtype="bf16", strategies=None, profile=None,
              expert_tokens=None):
-        return plan_moe(self.config, phase, batch, context, dtype, strategies, profile, expert_tokens)
+        """The block's plan (an fp32 router weight plans an fp32 router)."""
+        router = "fp32" if self.router_dtype == "fp32" else None
+        return plan_moe(self.config, phase, batch, context, dtype, strategies, profile, expert_tokens, router)
 
 
 def plan_moe(config, phase="decode", batch=1, context=4096, dtype="bf16", strategies=None, profile=None,
-             expert_tokens=None) -> LayerPlan:
-    """The MoE block's plan for ``T = batch`` (decode) or ``batch * context`` (prefill) tokens."""
+             expert_tokens=None, router_dtype=None) -> LayerPlan:
+    """The MoE block's plan for ``T = batch`` (decode) or ``batch * context`` (prefill) tokens.
+    ``router_dtype``: the router linear's and the gating's dtype (None: ``dtype``; "fp32": the
+    router kept in fp32)."""
     c = resolve(config)
     s = choose(strategies, MOE_CHOICES, MOE_PICKS)
     dt = dtypes.storage_name(dtype)
     if dt is None or phase not in ("decode", "prefill"):
         raise ConfigError(f"plan: dtype {dtype!r} / phase {phase!r}: a storage dtype and 'decode' or 'prefill'")
+    rt = dt if router_dtype is None else dtypes.storage_name(router_dtype)
+    if rt not in (dt, "fp32"):
+        raise ConfigError(f"plan: router_dtype {router_dtype!r}; the storage dtype {dt} or fp32")
     T = int(batch) * (1 if phase == "decode" else int(context))
     H, E, k, I = c.hidden_size, c.n_routed_experts, c.num_experts_per_tok, c.moe_intermediate_size
     tokens = balanced_tokens(T, k, E) if expert_tokens is None else np.asarray(expert_tokens, np.int64)
@@ -178,15 +199,16 @@ def plan_moe(config, phase="decode", batch=1, context=4096, dtype="bf16", strate
             add(name, "swiglu", s["swiglu"], getattr(swiglu, f"plan_{s['swiglu']}")((m, inter), dt, **kw))
         add(name, "linear", s["linear"], lin((m, inter), (H, inter), dt, bias=False, **kw))
 
-    add("router", "linear", s["linear"], lin((T, H), (E, H), dt, bias=False, **kw))
+    add("router", "linear", s["linear"], lin((T, H), (E, H), rt, bias=False, **kw),
+        "" if rt == dt else "x is widened to fp32 on the host")
     if c.scoring_func == "sigmoid":
         add("gating", "moe", "sigmoid_gating",
-            moe.plan_sigmoid_gating((T, E), dt, top_k=k, bias_dtype="fp32", n_group=c.n_group,
+            moe.plan_sigmoid_gating((T, E), rt, top_k=k, bias_dtype="fp32", n_group=c.n_group,
                                     topk_group=c.topk_group, group_score="top2_sum", renormalize=c.norm_topk_prob,
                                     **kw))
     else:
         add("gating", "moe", "softmax_gating",
-            moe.plan_softmax_gating((T, E), dt, top_k=k, renormalize=c.norm_topk_prob, **kw))
+            moe.plan_softmax_gating((T, E), rt, top_k=k, renormalize=c.norm_topk_prob, **kw))
     add("dispatch", "embedding", "gather", embedding.plan_gather((T, H), (T * k,), dt, "int32", **kw))
     for n in tokens:
         if n:

@@ -14,6 +14,10 @@
     d = h @ Wd^T                                     down         linear
     out = r + d                                      (fp32; in a stack, fused into the next layer's input norm)
 
+torch: ``hidden`` (and ``positions``, ``delta``) may be CPU torch tensors; the results are then
+tensors sharing our outputs' memory, in our dtypes (the layer's output is the fp32 residual
+stream), by :func:`pypto_numba.interop.torch_aware`'s rules. A ``torch.dtype`` works as ``dtype``.
+
 Rounding: every op output is in the storage dtype, the residual in fp32 (production's carry,
 npu-facts 8.4); RMSNorm weights are fp32, q_norm/k_norm's are cast to the storage dtype for
 ``rope.fused_rmsnorm`` (it takes x's dtype only). Attention reads q and writes its result in the
@@ -23,10 +27,13 @@ unfused ``plain`` strategy and the layer's last add) count no kernel: the plan l
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import attention, linear, rmsnorm, rope, swiglu
 from ..errors import ConfigError, ShapeError
+from ..interop import torch_aware
 from ..machine import dtypes
 from ..strategy import SEED
 from . import reference as ref
@@ -96,6 +103,7 @@ class KVCache:
         flat_v = self.v.reshape(-1, *self.v.shape[2:])
         return flat_k[s].transpose(0, 2, 1, 3), flat_v[s].transpose(0, 2, 1, 3)
 
+    @functools.partial(torch_aware, where="KVCache.fill", main="k")
     def fill(self, k, v):
         """Write ``k, v[B, Hkv, L, D]`` as the first L tokens of every sequence."""
         B, Hkv, L, D = k.shape
@@ -123,6 +131,7 @@ class Qwen3Layer:
 
     kind = "qwen3"
 
+    @functools.partial(torch_aware, where="Qwen3Layer")  # a torch.dtype as dtype
     def __init__(self, config, weights=None, seed=0, dtype="bf16", layer=0):
         self.config = resolve(config)
         self.dtype = dtypes.storage_name(dtype)
@@ -136,16 +145,19 @@ class Qwen3Layer:
     def __getitem__(self, name):
         return self.weights[name]
 
+    @functools.partial(torch_aware, where="Qwen3Layer.new_cache")
     def new_cache(self, batch, context, dtype=None):
         c = self.config
         return KVCache(batch, context, c.num_key_value_heads, c.head_dim, dtype or self.dtype)
 
     # --- numerical run ---
 
+    @functools.partial(torch_aware, where="Qwen3Layer", main="hidden")
     def __call__(self, hidden, cache=None, positions=None, strategies=None, profile=None):
         r, d = self.forward(hidden, cache=cache, positions=positions, strategies=strategies, profile=profile)
         return r + d.astype(np.float32)
 
+    @functools.partial(torch_aware, where="Qwen3Layer.forward", main="hidden")
     def forward(self, hidden, cache=None, positions=None, strategies=None, profile=None, delta=None, exact=()):
         """-> ``(r, d)``: the fp32 residual after attention and the MLP's output (storage dtype);
         the layer's output is ``r + d``. ``delta``: the previous layer's ``d`` (``hidden`` is then
@@ -258,6 +270,7 @@ class Qwen3Layer:
             self._gate_up = np.concatenate([self.weights["mlp.gate_proj.weight"], self.weights["mlp.up_proj.weight"]])
         return self._gate_up
 
+    @functools.partial(torch_aware, where="Qwen3Layer.reference", main="hidden")
     def reference(self, hidden, positions=None, past_k=None, past_v=None):
         """The float64 layer (layers/reference.py) on the same weights."""
         B, S, _ = np.shape(hidden)

@@ -7,13 +7,17 @@ the 0.5 % outlier rule; npu-facts 8.3).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import precision
+from ..interop import torch_aware
 from ..machine import dtypes
 from .qwen3 import STEPS, Qwen3Layer
 
 
+@functools.partial(torch_aware, where="run_stack", main="hidden")  # a torch hidden: a tensor out
 def run_stack(layers, hidden, caches=None, strategies=None, profile=None, exact=(), progress=None):
     """Run ``layers`` in order on ``hidden`` (a prefill from empty caches unless ``caches``), the
     residual add of each layer fused into the next one's input norm -> fp32 ``[B, S, H]``.

@@ -1,5 +1,6 @@
-"""A Qwen3 layer in torch, written from the same math as :class:`Qwen3Layer` (the layer policy's
-peer and the benchmarks' peer; torch is imported when called, it is not a dependency).
+"""A Qwen3 layer and a MoE block in torch, written from the same math as :class:`Qwen3Layer` and
+:class:`MoeBlock` (the layer policy's peer and the benchmarks' peer; torch is imported when
+called, it is not a dependency).
 
 Same rounding points as production: projections and attention in the storage dtype (torch's CPU
 bf16/fp16 matmuls accumulate in fp32), norms, RoPE and SwiGLU in fp32 with one cast, the residual
@@ -76,3 +77,47 @@ class TorchQwen3:
         g, u = F.linear(x, w["gate_up"]).float().chunk(2, -1)
         d = F.linear((F.silu(g) * u).to(dt), w["mlp.down_proj.weight"])
         return r + d.float()
+
+
+class TorchMoe:
+    """``TorchMoe(block)``: the torch peer of a sigmoid-scored :class:`MoeBlock` (its weights, its
+    dtype), from the same math as ``reference.moe_block``. The router in its weight's dtype (an fp32
+    router widens x, as HF's DeepSeek-V3 gate does), the experts as :class:`TorchQwen3`'s MLP, the
+    weighted sum in fp32 with one cast to the storage dtype; ``last_tokens``: tokens per expert."""
+
+    def __init__(self, block, torch=None):
+        if torch is None:
+            import torch
+        self.torch, self.block = torch, block
+        self.w = {n: _t(torch, block.weights[n]) for n in block.weights.shapes}
+
+    def _mlp(self, x, p):
+        F, w = self.torch.nn.functional, self.w
+        g, u = F.linear(x, self.torch.cat([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]])).float().chunk(2, -1)
+        return F.linear((F.silu(g) * u).to(x.dtype), w[p + "down_proj.weight"])
+
+    def __call__(self, x):
+        """``x`` a numpy array or tensor ``[..., H]`` -> a tensor of x's shape in the storage dtype."""
+        torch, w, c = self.torch, self.w, self.block.config
+        x = x if isinstance(x, torch.Tensor) else _t(torch, x)
+        lead, x = x.shape, x.reshape(-1, c.hidden_size)
+        T, E, k, g, kg = x.shape[0], c.n_routed_experts, c.num_experts_per_tok, c.n_group, c.topk_group
+        gate = w["mlp.gate.weight"]
+        s = torch.nn.functional.linear(x.to(gate.dtype), gate).float().sigmoid()
+        sel = (s + w["mlp.gate.e_score_correction_bias"]).view(T, g, E // g)
+        score = sel.topk(2, -1).values.sum(-1) if E // g >= 2 else sel[..., 0]
+        keep = torch.zeros(T, g, dtype=torch.bool).scatter_(1, score.topk(kg, -1).indices, True)
+        ids = sel.masked_fill(~keep[..., None], float("-inf")).view(T, E).topk(k, -1).indices
+        wt = s.gather(1, ids)
+        if c.norm_topk_prob:
+            wt = wt / (wt.sum(-1, keepdim=True) + 1e-20)
+        wt = wt * c.routed_scaling_factor
+        self.last_tokens = torch.bincount(ids.reshape(-1), minlength=E).numpy()
+        out = torch.zeros(T, c.hidden_size)
+        for e in range(E):
+            t, j = (ids == e).nonzero(as_tuple=True)
+            if len(t):
+                out.index_add_(0, t, self._mlp(x[t], f"mlp.experts.{e}.").float() * wt[t, j, None])
+        if c.n_shared_experts:
+            out += self._mlp(x, "mlp.shared_experts.").float()
+        return out.to(x.dtype).view(lead)

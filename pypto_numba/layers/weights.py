@@ -9,6 +9,10 @@ Generated weights are fan-in scaled normals (``N(0, 1/in)``, so a projection kee
 input), norm weights ``1 + N(0, 0.1)``; each parameter has its own seed (from ``seed``, the layer
 index and its name), so a DeepSeek-V3 expert is generated only when it is read.
 
+A dict's values are NumPy arrays or CPU torch tensors (``model.state_dict()``): a tensor of a
+layer parameter becomes a NumPy view of its memory (:func:`pypto_numba.interop.to_numpy`, which
+refuses one that requires grad or is not on the CPU) and is judged as that array.
+
 safetensors format: 8-byte little-endian header length ``n``, ``n`` bytes of JSON header
 (``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``, optional ``__metadata__``), then the
 raw little-endian data; offsets are relative to the end of the header. Dtypes F32, F16, BF16.
@@ -24,12 +28,16 @@ import zlib
 
 import numpy as np
 
+from .. import interop
 from ..errors import ConfigError, DTypeError, ShapeError
 from ..machine import dtypes
 
 _ST_DTYPES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 FP32_PARAMS = ("layernorm.weight", "q_norm.weight", "k_norm.weight", "e_score_correction_bias")
+# given in the storage dtype or in fp32 (production keeps the MoE router in fp32); generated in the former
+FP32_ALLOWED = ("mlp.gate.weight",)
+_TORCH_NAMES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
 
 def prefix(layer: int) -> str:
@@ -93,9 +101,13 @@ class Weights:
     def __init__(self, shapes: dict, dtype: str, *, arrays=None, seed=0, layer=0, generate=True, source=""):
         self.shapes, self.dtype, self.seed, self.layer = dict(shapes), dtype, seed, layer
         self.generate, self.source = generate, source
-        self._arrays = {}
+        self._arrays, self._torch = {}, {}  # _torch: name -> the torch dtype of a tensor given for it
         for name, value in (arrays or {}).items():
-            self._arrays[self._key(name)] = value
+            key = self._key(name)
+            if key in self.shapes and interop.is_tensor(value):
+                self._torch[key] = str(value.dtype)
+                value = interop.to_numpy(value, prefix(self.layer) + key, "weights")
+            self._arrays[key] = value
         for name in list(self._arrays):
             self._check(name, self._arrays[name])
         self._given = set(self._arrays)
@@ -109,14 +121,18 @@ class Weights:
         if name not in self.shapes:
             return
         if not isinstance(a, np.ndarray):
-            raise DTypeError(f"weights: {full} must be a numpy array, got {type(a).__name__}")
+            raise DTypeError(f"weights: {full} must be a numpy array or a CPU torch tensor, got {type(a).__name__}")
         want = tuple(self.shapes[name])
         if tuple(a.shape) != want:
             raise ShapeError(f"weights: {full} has shape {tuple(a.shape)}, the config needs {want}")
         want_dt = param_dtype(name, self.dtype)
         have_dt = dtypes.storage_name(a.dtype)
-        if have_dt != want_dt:
-            raise DTypeError(f"weights: {full} has dtype {a.dtype}, the layer needs {want_dt} "
+        if have_dt != want_dt and not (have_dt == "fp32" and name.endswith(FP32_ALLOWED)):
+            also = " (or fp32)" if name.endswith(FP32_ALLOWED) else ""
+            if name in self._torch:
+                raise DTypeError(f"weights: {full} has dtype {self._torch[name]}, the layer needs {want_dt}{also} "
+                                 f"(cast it with .to({_TORCH_NAMES[want_dt]}))")
+            raise DTypeError(f"weights: {full} has dtype {a.dtype}, the layer needs {want_dt}{also} "
                              f"(cast it with .astype(...))")
 
     def __getitem__(self, name):
@@ -224,7 +240,8 @@ def write_safetensors(path, tensors: dict, metadata=None):
 
 
 def layer_weights(cfg, shapes, dtype, weights, seed, layer):
-    """A :class:`Weights` from None (generated), a dict of arrays, a safetensors path or a Weights."""
+    """A :class:`Weights` from None (generated), a dict of arrays or torch tensors (a state dict), a
+    safetensors path or a Weights."""
     if isinstance(weights, Weights):
         return weights
     if weights is None:
@@ -243,7 +260,7 @@ def layer_weights(cfg, shapes, dtype, weights, seed, layer):
         if gone:  # close matches among every name in the file
             raise KeyError(_missing(prefix(layer) + gone[0], safetensors_names(weights), str(weights)))
         return w
-    raise ConfigError(f"weights must be None, a dict of arrays, a safetensors path or a Weights, got "
+    raise ConfigError(f"weights must be None, a dict of arrays or torch tensors, a safetensors path or a Weights, got "
                       f"{type(weights).__name__}")
 
 

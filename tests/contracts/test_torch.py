@@ -279,7 +279,13 @@ def test_wrapper_keeps_name_docstring_signature():
 
 
 def test_import_does_not_import_torch():
+    """Neither the package nor the layers import torch, nor does building a layer and its weights."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    code = "import sys, pypto_numba; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    code = ("import sys, pypto_numba, pypto_numba.layers as L; "
+            "L.Qwen3Layer(L.config('qwen3-1.7b', hidden_size=64, num_attention_heads=4, num_key_value_heads=2, "
+            "head_dim=16, intermediate_size=96)).new_cache(1, 4); "
+            "L.MoeBlock(L.config('deepseek-v3', hidden_size=64, n_routed_experts=8, n_group=4, topk_group=2, "
+            "num_experts_per_tok=3, moe_intermediate_size=32)); "
+            "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
