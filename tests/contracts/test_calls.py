@@ -261,6 +261,7 @@ def test_linear_copied_inputs_are_not_kept(rng):
 ATTENTION_ATOL = {"fp32": 2e-5, "bf16": 2e-2, "fp16": 3e-3}  # as test_attention
 
 
+@pytest.mark.slow(on="3.12")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("strategy", ["standard", "online", "flash"])
 @pytest.mark.parametrize("B, Hq, Hkv, Sq, Skv, D, causal", [(2, 6, 2, 1, 77, 32, False), (1, 4, 2, 9, 150, 16, True)])

@@ -182,6 +182,7 @@ def test_attention_mirror_walks_the_kv_tiles(strategy):
         assert worse.max_ulps >= good.max_ulps
 
 
+@pytest.mark.slow(on="3.13")
 def test_attention_mirror_bshd_and_bool_mask():
     """The attention mirror plans its kv tile with the [B, H, S, D] shapes of a bshd call."""
     q, k, v = compare.make_inputs("attention", (1, 4, 2, 5, 77, 64), "bf16", seed=2)

@@ -10,6 +10,8 @@ from pypto_numba import layers, precision
 from pypto_numba.layers.torch_peer import TorchQwen3
 from pypto_numba.machine import dtypes
 
+pytestmark = pytest.mark.slow(on="3.11")  # heavy compiles: once per tox run (tests/conftest.py)
+
 torch = pytest.importorskip("torch")
 CFG = layers.config("qwen3-1.7b", hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                     intermediate_size=512)

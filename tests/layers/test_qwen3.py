@@ -11,6 +11,8 @@ from pypto_numba.errors import ConfigError, ShapeError
 from pypto_numba.layers import study
 from pypto_numba.machine import dtypes
 
+pytestmark = pytest.mark.slow(on="3.11")  # heavy compiles: once per tox run (tests/conftest.py)
+
 SMALL = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=512)
 CFG = layers.config("qwen3-1.7b", **SMALL)
 # rel-L2 of one layer's output against float64: the residual stream (fp32) carries the input, the

@@ -20,6 +20,8 @@ from pypto_numba.machine import cube, dtypes
 from pypto_numba.machine.cube import blocks_plain, ir_blocks
 from helpers import needs_avx512_bf16
 
+pytestmark = pytest.mark.slow(on="3.12")  # heavy compiles: once per tox run (tests/conftest.py)
+
 U64 = np.uint64
 
 

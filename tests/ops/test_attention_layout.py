@@ -12,6 +12,8 @@ from pypto_numba.attention import flash, online, standard
 
 from helpers import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 
+pytestmark = pytest.mark.slow(on="3.10")  # heavy compiles: once per tox run (tests/conftest.py)
+
 STRATEGIES = {"standard": standard, "online": online, "flash": flash}
 ATOL = {"fp32": 2e-5, "bf16": 2e-2, "fp16": 3e-3}  # test_attention.py's policy
 TILES = {"standard": {}, "online": {"kv_tile": 32}, "flash": {"kv_tile": 32}}  # several KV tiles + a tail

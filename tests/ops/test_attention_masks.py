@@ -14,6 +14,8 @@ from pypto_numba.attention import flash, online, plan_flash, plan_online, plan_s
 
 from helpers import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 
+pytestmark = pytest.mark.slow(on="3.12")  # heavy compiles: once per tox run (tests/conftest.py)
+
 STRATEGIES = {"standard": standard, "online": online, "flash": flash}
 PLANS = {"standard": plan_standard, "online": plan_online, "flash": plan_flash}
 ATOL = {"fp32": 2e-5, "bf16": 2e-2, "fp16": 3e-3}  # test_attention.py's policy
