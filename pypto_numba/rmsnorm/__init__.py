@@ -39,7 +39,8 @@ of the normed activations to x's. ``r`` comes from plain's kernel, its row loop 
 ``1/sqrt(ss/D + eps)`` (:func:`~.kernels.row_rstd`), but the kernel's fast-math flags (``arcp``,
 ``afn``, ``contract``; machine/jit.py) let LLVM compile plain's ``x * r * g`` and deferred's stored
 ``r`` differently: ``x * deferred(x)[:, None]`` is within 2 fp32 ulps of ``plain(x, ones)``, not
-bit for bit.
+bit for bit. (They also let LLVM compute ``1/sqrt`` as an ``rsqrt`` estimate with a refinement
+step, so an all-zero row with ``eps=0`` gives NaN, not inf, in both.)
 
 An add kernel then ``plain`` reads the new residual back: ``fused_add`` saves one kernel and
 N*D*br bytes of GM reads (plus, with an fp32 residual and bf16 x, the cast kernel of the normed
