@@ -261,7 +261,8 @@ def _run(strategy, x, weight, bias, profile, cube_tiles, cast_mode=None, row_sca
     call, see :class:`~pypto_numba.machine.memo.CallMemo`), then its kernels: the cube walk
     (``cube.run_walk``; with ``fused_bias`` the row scale and the bias are applied in its
     epilogue), and for ``matmul_add`` with a bias the vector kernel that adds it."""
-    key = _CALLS.key(profile, (x, weight, bias, row_scale), (strategy, cube_tiles))
+    arrays = (x, weight, bias) if row_scale is None else (x, weight, bias, row_scale)  # the default's key as before
+    key = _CALLS.key(profile, arrays, (strategy, cube_tiles))
     c, arrays, copied = _CALLS.through(key, _prepare, strategy, x, weight, bias, row_scale, profile, cube_tiles)
     cm = resolve_cast_mode(cast_mode, profile, f"linear.{strategy}") if c.dtype != "fp32" else dtypes.RINT
     if arrays is not None:

@@ -63,8 +63,9 @@ checks), ``calls.py`` (the public strategies and :func:`fold`), ``spec.py`` (the
 
 from __future__ import annotations
 
-from .calls import _CALLS, _Call, deferred, fold, fused_add, plain
-from .kernels import (
+# the internals as importable as when rmsnorm was one module
+from .calls import _CALLS, _Call, deferred, fold, fused_add, plain  # noqa: F401
+from .kernels import (  # noqa: F401
     ADD_OPS,
     CAST_OPS,
     INVS,
@@ -77,7 +78,7 @@ from .kernels import (
     norm_row,
     row_rstd,
 )
-from .plans import _plan, plan_deferred, plan_fused_add, plan_plain
+from .plans import _plan, plan_deferred, plan_fused_add, plan_plain  # noqa: F401
 from .spec import OP, reference
 
 __all__ = ["OP", "deferred", "fold", "fused_add", "plain", "plan_deferred", "plan_fused_add", "plan_plain",

@@ -23,7 +23,6 @@ from .plans import (
     plan_plain,
 )
 
-
 # ---------------------------------------------------------------------------------------------
 # plain and fused_add
 
@@ -31,7 +30,7 @@ from .plans import (
 class _Call:
     """What a call derives from its signature (kept per signature in ``_CALLS``)."""
 
-    __slots__ = ("where", "plan", "D", "dtype", "rdtype", "eps", "offset", "row_ops", "shapes", "scratch")
+    __slots__ = ("D", "dtype", "eps", "offset", "plan", "rdtype", "row_ops", "scratch", "shapes", "where")
 
     def __init__(self, where, plan, D, dtype, rdtype, eps, shapes):
         self.where, self.plan, self.D = where, plan, D

@@ -15,7 +15,6 @@ from ..machine.plan import KernelPlan, Plan, align_elems, reduce_tile, vector_ti
 from ..machine.profile import load_profile
 from .kernels import ADD_OPS, CAST_OPS, INVS, NORM_OPS, ROW_OPS, SUMSQ_OPS, WIDEN_OPS
 
-
 # ---------------------------------------------------------------------------------------------
 # plans
 

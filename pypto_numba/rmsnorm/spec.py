@@ -23,8 +23,8 @@ def _advise(profile, shape=(16, 2048), dtype="bf16", residual=False):
 
     if residual:
         cands = [Candidate("fused_add", lambda: (plan_fused_add(shape, dtype, residual_dtype="fp32", profile=profile),))]
-        notes = ["a residual add precedes the norm: fused_add saves the add kernel and the re-read of the new "
-                 "residual (plain alone does not include the add: its row prices the norm only)"]
+        notes = [("a residual add precedes the norm: fused_add saves the add kernel and the re-read of the new "
+                  "residual (plain alone does not include the add: its row prices the norm only)")]
         return cands, "fused_add", notes
     cands = [Candidate("plain", lambda: (plan_plain(shape, dtype, profile=profile),))]
     notes = ["no residual add before the norm: plain (pass residual=True when one precedes it)"]

@@ -201,6 +201,9 @@ def test_row_scale_ones_gives_the_same_bits_and_leading_dims(rng):
     r = np.full(18, 2.0, np.float32)  # x2 is exact: twice the accumulator, rounded once
     two = linear.fused_bias(x, w, None, SMALL, row_scale=r)
     assert np.array_equal(two.astype(np.float32), (2 * linear.fused_bias(x, w, None, SMALL).astype(np.float32)))
+    # the kept signature (same shapes, other scales) reads the new scales
+    half = linear.fused_bias(x, w, None, SMALL, row_scale=np.full(18, 0.5, np.float32))
+    assert np.array_equal(half.astype(np.float32), 0.5 * linear.fused_bias(x, w, None, SMALL).astype(np.float32))
 
 
 @pytest.mark.parametrize("m", [1, 5, 17, 33])
