@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import inputs
 from ..errors import ShapeError
+from ..interop import torch_aware
 from ..machine import dtypes
 from ..machine.memo import CallMemo
 from ..machine.profile import resolve_cast_mode
@@ -195,10 +198,12 @@ def deferred(x, eps=1e-6, *, inv="rsqrt", profile=None, token_tile=None, out=Non
     return _launch_deferred(c, x if arrays is None else arrays[0], out, copied)
 
 
+@functools.partial(torch_aware, where="rmsnorm.fold")
 def fold(weight, linear_weight, offset=0.0):
     """The next Linear's weight with the norm's gamma folded in: ``linear_weight * (weight + offset)``
     along K (``linear_weight[N, K]``, ``weight[K]``), in fp32, rounded once (rint) to
-    ``linear_weight``'s storage dtype. NumPy, not a kernel: done once per model load.
+    ``linear_weight``'s storage dtype. NumPy, not a kernel: done once per model load (CPU torch
+    tensors in, a torch tensor out, as the strategies).
 
     With it, :func:`deferred` + ``linear.fused_bias(..., row_scale=)`` differs from :func:`plain`
     + Linear by one rounding of the weight (``W * g`` to the storage dtype) instead of one of the

@@ -211,3 +211,11 @@ def test_fold_is_one_rounding_of_w_times_gamma(rng, dtype, offset):
     assert _ulps_apart(f, want, dtype) <= 1  # fp32 product then rint: at most the fp32 rounding apart
     err = np.abs(f.astype(np.float64) - exact) / np.maximum(np.abs(exact), 2.0**-14)  # fp16 subnormals: absolute
     assert np.max(err) <= ULP[dtype] * (1 + 2.0**-16)  # within half a storage ulp, plus fp32's
+
+
+def test_fold_takes_torch_tensors(rng):
+    torch = pytest.importorskip("torch")
+    W, g = make((9, 37), "fp16", rng, 0.2), make((37,), "fp32", rng, 0.1, 1.0)
+    got = rmsnorm.fold(torch.from_numpy(g), torch.from_numpy(W))
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float16
+    assert np.array_equal(got.numpy().view(np.uint16), rmsnorm.fold(g, W).view(np.uint16))
