@@ -172,7 +172,8 @@ def _plan(strategy, x_shape, weight_shape, dtype, bias, profile, cube_tiles, row
         params = dict(walk.params, ops_per_elem=ops, bias_rows=rows)
         return Plan(op="linear", strategy=strategy, dtype=dtype, profile=prof, kernels=tuple(kernels),
                     params=params, hint=hint)
-    kernels.append(walk.kernel_plan(("linear_cube_bias" if fused else "linear_cube") + ("_scaled" if row_scale else "")))
+    name = ("linear_cube_bias" if fused else "linear_cube") + ("_scaled" if row_scale else "")
+    kernels.append(walk.kernel_plan(name))
     return Plan(op="linear", strategy=strategy, dtype=dtype, profile=prof, kernels=tuple(kernels),
                 params=dict(walk.params), hint="use smaller cube_tiles")
 
