@@ -50,7 +50,7 @@ import numpy as np
 from numba import prange
 
 from . import inputs
-from .errors import ShapeError
+from .errors import DTypeError, ShapeError
 from .interop import torch_aware
 from .machine import cube, dtypes
 from .machine.cube.epilogue import epilogue_swiglu
@@ -132,7 +132,7 @@ def _dims(x_shape, weight_shape, where: str):
 
 
 @memo_plan
-def _plan(strategy, x_shape, weight_shape, dtype, bias, profile, cube_tiles) -> Plan:
+def _plan(strategy, x_shape, weight_shape, dtype, bias, profile, cube_tiles, row_scale=False) -> Plan:
     prof = load_profile(profile)
     where = f"linear.{strategy}"
     dtype = inputs.storage_dtype(dtype, where)
@@ -140,7 +140,7 @@ def _plan(strategy, x_shape, weight_shape, dtype, bias, profile, cube_tiles) -> 
     tiles = _default_tiles(prof, m) if cube_tiles is None else cube_tiles
     fused = strategy == "fused_bias" and bias
     walk = cube.plan_walk(m, k, n, tiles, dtype, bias_dtype=dtype if fused else None,
-                          profile=prof, where=where)
+                          row_scale=bool(row_scale), profile=prof, where=where)
     b = dtypes.itemsize(dtype)
     kernels = []
     if strategy == "matmul_add" and bias:
@@ -172,7 +172,8 @@ def _plan(strategy, x_shape, weight_shape, dtype, bias, profile, cube_tiles) -> 
         params = dict(walk.params, ops_per_elem=ops, bias_rows=rows)
         return Plan(op="linear", strategy=strategy, dtype=dtype, profile=prof, kernels=tuple(kernels),
                     params=params, hint=hint)
-    kernels.append(walk.kernel_plan("linear_cube_bias" if fused else "linear_cube"))
+    name = ("linear_cube_bias" if fused else "linear_cube") + ("_scaled" if row_scale else "")
+    kernels.append(walk.kernel_plan(name))
     return Plan(op="linear", strategy=strategy, dtype=dtype, profile=prof, kernels=tuple(kernels),
                 params=dict(walk.params), hint="use smaller cube_tiles")
 
@@ -182,13 +183,32 @@ def plan_matmul_add(x_shape, weight_shape, dtype="fp32", *, bias=True, profile=N
     return _plan("matmul_add", x_shape, weight_shape, dtype, bias, profile, cube_tiles)
 
 
-def plan_fused_bias(x_shape, weight_shape, dtype="fp32", *, bias=True, profile=None, cube_tiles=None) -> Plan:
-    """Plan of :func:`fused_bias` for ``x[..., K]`` and ``weight[N, K]`` (no data needed)."""
-    return _plan("fused_bias", x_shape, weight_shape, dtype, bias, profile, cube_tiles)
+def plan_fused_bias(x_shape, weight_shape, dtype="fp32", *, bias=True, profile=None, cube_tiles=None,
+                    row_scale=False) -> Plan:
+    """Plan of :func:`fused_bias` for ``x[..., K]`` and ``weight[N, K]`` (no data needed);
+    ``row_scale=True``: with an fp32 scale per row of x (each cube block reads its rows' scales,
+    ``M*4`` bytes per column of blocks, and one vector op per output element)."""
+    return _plan("fused_bias", x_shape, weight_shape, dtype, bias, profile, cube_tiles, bool(row_scale))
 
 
 # ---------------------------------------------------------------------------------------------
 # public strategies
+
+
+def _row_scale(where, xt, row_scale):
+    """The checked fp32 ``[M]`` row scale of a call (``x.shape[:-1]`` or ``(M,)``), or None."""
+    if row_scale is None:
+        return None
+    st = inputs.tensor(row_scale, "row_scale", where, min_rank=0)
+    lead = xt.shape[:-1]
+    m = math.prod(lead)
+    if st.shape not in (lead, (m,)):
+        raise ShapeError(f"{where}: row_scale must have shape {(m,)} or x's leading dims {lead} (one fp32 "
+                         f"scale per row of x {xt.shape}), got {st.shape}")
+    if st.dtype != "fp32":
+        raise DTypeError(f"{where}: row_scale must be fp32 (one fp32 scale per row, shape {(m,)}), got "
+                         f"{st.dtype}; cast it with row_scale.astype(numpy.float32)")
+    return st
 
 
 def _inputs(where, x, weight, bias):
@@ -215,36 +235,39 @@ class _Call:
 
     __slots__ = ("strategy", "plan", "dtype", "kdt", "k", "out_shape", "shapes")
 
-    def __init__(self, strategy, plan, xt, wt, bt, dtype):
+    def __init__(self, strategy, plan, xt, wt, bt, dtype, st=None):
         self.strategy, self.plan, self.dtype, self.kdt = strategy, plan, dtype, dtypes.KERNEL[dtype]
         self.k = xt.shape[-1]
         self.out_shape = xt.shape[:-1] + (wt.shape[0],)
-        self.shapes = [xt.shape, wt.shape] + ([bt.shape] if bt is not None else [])
+        self.shapes = [xt.shape, wt.shape] + [t.shape for t in (bt, st) if t is not None]
 
 
 _CALLS = CallMemo()
 
 
-def _prepare(strategy, x, weight, bias, profile, cube_tiles):
-    """Validate and plan a call in full -> (its :class:`_Call`, the contiguous (x, weight, bias),
-    the bytes copied to make them contiguous)."""
-    xt, wt, bt, dtype = _inputs(f"linear.{strategy}", x, weight, bias)
-    p = _plan(strategy, xt.shape, wt.shape, dtype, bt is not None, profile, cube_tiles)
-    copied = xt.copied_bytes + wt.copied_bytes + (bt.copied_bytes if bt is not None else 0)
-    return (_Call(strategy, p, xt, wt, bt, dtype), (xt.array, wt.array, None if bt is None else bt.array),
-            copied)
+def _prepare(strategy, x, weight, bias, row_scale, profile, cube_tiles):
+    """Validate and plan a call in full -> (its :class:`_Call`, the contiguous (x, weight, bias,
+    row_scale), the bytes copied to make them contiguous)."""
+    where = f"linear.{strategy}"
+    xt, wt, bt, dtype = _inputs(where, x, weight, bias)
+    st = _row_scale(where, xt, row_scale)
+    p = _plan(strategy, xt.shape, wt.shape, dtype, bt is not None, profile, cube_tiles, st is not None)
+    copied = sum(t.copied_bytes for t in (xt, wt, bt, st) if t is not None)
+    return (_Call(strategy, p, xt, wt, bt, dtype, st),
+            (xt.array, wt.array, None if bt is None else bt.array, None if st is None else st.array), copied)
 
 
-def _run(strategy, x, weight, bias, profile, cube_tiles, cast_mode=None):
+def _run(strategy, x, weight, bias, profile, cube_tiles, cast_mode=None, row_scale=None):
     """One linear call: the prepared call of its signature (checked and planned on the first
     call, see :class:`~pypto_numba.machine.memo.CallMemo`), then its kernels: the cube walk
-    (``cube.run_walk``; with ``fused_bias`` the bias is added in its epilogue), and for
-    ``matmul_add`` with a bias the vector kernel that adds it."""
-    key = _CALLS.key(profile, (x, weight, bias), (strategy, cube_tiles))
-    c, arrays, copied = _CALLS.through(key, _prepare, strategy, x, weight, bias, profile, cube_tiles)
+    (``cube.run_walk``; with ``fused_bias`` the row scale and the bias are applied in its
+    epilogue), and for ``matmul_add`` with a bias the vector kernel that adds it."""
+    arrays = (x, weight, bias) if row_scale is None else (x, weight, bias, row_scale)  # the default's key as before
+    key = _CALLS.key(profile, arrays, (strategy, cube_tiles))
+    c, arrays, copied = _CALLS.through(key, _prepare, strategy, x, weight, bias, row_scale, profile, cube_tiles)
     cm = resolve_cast_mode(cast_mode, profile, f"linear.{strategy}") if c.dtype != "fp32" else dtypes.RINT
     if arrays is not None:
-        x, weight, bias = arrays
+        x, weight, bias, row_scale = arrays
     # the kernels, on contiguous arrays of the call's signature
     p = c.plan
     n = c.out_shape[-1]
@@ -260,7 +283,8 @@ def _run(strategy, x, weight, bias, profile, cube_tiles, cast_mode=None):
             run.count(_bias_add_kernel(prod_k, bk, out2, p.params["m1"], p.params["n1"],
                                        p.params["ops_per_elem"], cm))
         else:
-            run.count(cube.run_walk(x2, wk, bk, out2, p.params))
+            sk = None if row_scale is None else row_scale.reshape(-1)
+            run.count(cube.run_walk(x2, wk, bk, out2, p.params, scale_k=sk))
         run.workspace(copied)
     return out
 
@@ -277,14 +301,19 @@ def matmul_add(x, weight, bias=None, *, profile=None, cube_tiles=None, cast_mode
 
 @register("linear", "fused_bias", plan=plan_fused_bias,
           summary="bias added to the fp32 accumulator in the cube epilogue (1 kernel, 1 rounding)")
-def fused_bias(x, weight, bias=None, cube_tiles=None, *, profile=None, cast_mode=None):
+def fused_bias(x, weight, bias=None, cube_tiles=None, *, row_scale=None, profile=None, cast_mode=None):
     """``round(x @ weight^T + bias)`` in one cube kernel, the bias added to the fp32 accumulator.
+
+    ``row_scale``: an fp32 scale per row of x (shape ``x.shape[:-1]`` or ``(M,)``) applied to the
+    accumulator first, ``round(row_scale[i] * acc[i, j] + bias[j])``, still one rounding: with
+    ``rmsnorm.deferred``'s ``1/rms`` and a weight folded by ``rmsnorm.fold`` this is RMSNorm then
+    the Linear without the normed rows in GM.
 
     ``cube_tiles=((mL0, mL1), (kL0, kL1), (nL0, nL1))`` (default: the profile's
     ``linear_cube_tiles``, or ``linear_decode_cube_tiles`` for fewer than 16 rows).
     ``cast_mode`` is accepted and has no effect: the one rounding is the cube FIXPIPE's, always rint (npu-facts 8.3) (a bad mode name is still an error).
     """
-    return _run("fused_bias", x, weight, bias, profile, cube_tiles, cast_mode)
+    return _run("fused_bias", x, weight, bias, profile, cube_tiles, cast_mode, row_scale)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,12 @@ npu-facts 8.4); RMSNorm weights are fp32, q_norm/k_norm's are cast to the storag
 ``rope.fused_rmsnorm`` (it takes x's dtype only). Attention reads q and writes its result in the
 projections' ``[B, S, H, D]`` layout (``layout="bshd"``). Host steps (the residual adds of the
 unfused ``plain`` strategy and the layer's last add) count no kernel: the plan lists none.
+
+``strategies={"rmsnorm": "deferred"}`` (with ``linear="fused_bias"`` and a gate/up projection,
+not ``swiglu="epilogue"``): each norm writes only its fp32 1/rms per row (``rmsnorm.deferred``) and
+the projections after it (q/k/v, gate/up) apply it in their epilogue (``row_scale=``) with the
+gamma folded into their weights once (:meth:`Qwen3Layer.folded`, ``rmsnorm.fold``), so the normed
+rows never reach GM (npu-facts 8.4's ``inv_rms_states``); the residual adds run on the host.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from .weights import attention_shapes, layer_weights, mlp_shapes
 
 # step -> (op, the choices): the keys of ``strategies=``
 CHOICES = {
-    "rmsnorm": ("rmsnorm", ("fused_add", "plain")),
+    "rmsnorm": ("rmsnorm", ("fused_add", "plain", "deferred")),
     "rope": ("rope", ("fused_rmsnorm", "standard")),
     "attention": ("attention", ("online", "flash")),
     "linear": ("linear", ("fused_bias", "matmul_add")),
@@ -54,6 +60,19 @@ CHOICES = {
 SEED_PICKS = {"rmsnorm": SEED["rmsnorm"][1], "rope": SEED["rope"][1], "attention": SEED["attention"][0],
               "linear": SEED["linear"][0], "swiglu": SEED["swiglu"][0]}
 STEPS = ("input_norm", "qkv", "qk_norm_rope", "attention", "o_proj", "post_norm", "gate_up", "swiglu", "down")
+
+
+def _check_deferred(s):
+    """``rmsnorm="deferred"`` hands each norm's 1/rms to the next projection's epilogue: that needs
+    ``linear.fused_bias`` (``row_scale=``) and a separate gate/up projection."""
+    if s["rmsnorm"] != "deferred":
+        return
+    if s["linear"] != "fused_bias":
+        raise ConfigError("strategies: rmsnorm 'deferred' applies its scale in linear.fused_bias's epilogue "
+                          f"(row_scale=); linear {s['linear']!r} has none: use linear 'fused_bias'")
+    if s["swiglu"] == "epilogue":
+        raise ConfigError("strategies: rmsnorm 'deferred' needs a gate/up projection with row_scale=; swiglu "
+                          "'epilogue' has none: use swiglu 'fused' or 'separate'")
 
 
 def choose(strategies, choices=CHOICES, picks=SEED_PICKS) -> dict:
@@ -141,6 +160,15 @@ class Qwen3Layer:
         self.weights = layer_weights(self.config, shapes, self.dtype, weights, seed, layer)
         self.layer_index = layer
         self._gate_up = None
+        self._folded = {}
+
+    def folded(self, name, norm):
+        """Projection ``name``'s weight with RMSNorm ``norm``'s gamma folded in (``rmsnorm.fold``),
+        made once: what ``rmsnorm="deferred"`` projects with."""
+        if (name, norm) not in self._folded:
+            w = self.gate_up_weight() if name == "gate_up" else self.weights[name]
+            self._folded[name, norm] = rmsnorm.fold(self.weights[norm], w)
+        return self._folded[name, norm]
 
     def __getitem__(self, name):
         return self.weights[name]
@@ -164,6 +192,8 @@ class Qwen3Layer:
         its ``r``; the input norm adds them). ``exact``: step names computed in float64 instead."""
         c, dt, w = self.config, self.dtype, self.weights
         s = choose(strategies)
+        _check_deferred(s)
+        deferred = s["rmsnorm"] == "deferred"
         bad = set(exact) - set(STEPS)
         if bad:
             raise ConfigError(f"exact: unknown steps {sorted(bad)}; the steps: {', '.join(STEPS)}")
@@ -190,9 +220,27 @@ class Qwen3Layer:
                 return _exact(ref.linear(x, w[name]), dt)
             return lin(x, w[name], profile=profile)
 
+        def normed(step, src, scale, norm, name):
+            """The projection ``name`` of RMSNorm ``norm`` of ``src``: with ``scale`` (deferred),
+            the folded weight and the row scale in the epilogue; else ``src`` is the normed x."""
+            if scale is None:
+                return project(step, src, name)
+            if step in exact:
+                return _exact(ref.linear(ref.rms_norm(src, w[norm], eps), self.weights_of(name)), dt)
+            return linear.fused_bias(src, self.folded(name, norm), row_scale=scale, profile=profile)
+
         # input norm (with the previous layer's residual add when stacked)
         w_in = w["input_layernorm.weight"]
-        if delta is None:
+        scale = None
+        if deferred and "input_norm" not in exact:  # only the 1/rms: the projections apply it
+            if delta is None:
+                r = hidden.astype(np.float32)
+                x = hidden if dtypes.storage_name(hidden.dtype) == dt else _cast(hidden, dt)
+            else:
+                r = hidden.astype(np.float32) + delta.astype(np.float32)
+                x = _cast(r, dt)
+            scale = rmsnorm.deferred(x, eps, **kw)
+        elif delta is None:
             r = hidden.astype(np.float32)
             x_in = hidden if dtypes.storage_name(hidden.dtype) == dt else _cast(hidden, dt)
             if "input_norm" in exact:
@@ -208,9 +256,9 @@ class Qwen3Layer:
             r = hidden.astype(np.float32) + delta.astype(np.float32)
             x = rmsnorm.plain(_cast(r, dt), w_in, eps, **kw)
         # projections, q/k norm + RoPE
-        q = project("qkv", x, "self_attn.q_proj.weight").reshape(B, S, Hq, D)
-        k = project("qkv", x, "self_attn.k_proj.weight").reshape(B, S, Hkv, D)
-        v = project("qkv", x, "self_attn.v_proj.weight").reshape(B, S, Hkv, D)
+        q = normed("qkv", x, scale, "input_layernorm.weight", "self_attn.q_proj.weight").reshape(B, S, Hq, D)
+        k = normed("qkv", x, scale, "input_layernorm.weight", "self_attn.k_proj.weight").reshape(B, S, Hkv, D)
+        v = normed("qkv", x, scale, "input_layernorm.weight", "self_attn.v_proj.weight").reshape(B, S, Hkv, D)
         qn, kn = w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"]
         if "qk_norm_rope" in exact:
             cos64, sin64 = ref.cos_sin(positions, D, c.rope_theta)
@@ -239,7 +287,12 @@ class Qwen3Layer:
         o = project("o_proj", a, "self_attn.o_proj.weight")
         # post-attention norm with the residual add
         w_post = w["post_attention_layernorm.weight"]
-        if "post_norm" in exact:
+        scale = None
+        if deferred and "post_norm" not in exact:
+            r = r + o.astype(np.float32)
+            x = _cast(r, dt)
+            scale = rmsnorm.deferred(x, eps, **kw)
+        elif "post_norm" in exact:
             r = r + o.astype(np.float32)
             x = _exact(ref.rms_norm(r, w_post, eps), dt)
         elif s["rmsnorm"] == "fused_add":
@@ -253,7 +306,9 @@ class Qwen3Layer:
             h = swiglu.epilogue(x, wg, wu, **kw)
         else:
             I = c.intermediate_size
-            if "gate_up" in exact:
+            if scale is not None:
+                gu = normed("gate_up", x, scale, "post_attention_layernorm.weight", "gate_up")
+            elif "gate_up" in exact:
                 gu = _exact(ref.linear(x, np.concatenate([wg, wu])), dt)
             else:
                 gu = lin(x, self.gate_up_weight(), profile=profile)
@@ -263,6 +318,9 @@ class Qwen3Layer:
                 h = getattr(swiglu, "separate" if s["swiglu"] == "separate" else "fused")(gu, **kw)
         d = project("down", h, "mlp.down_proj.weight")
         return r, d
+
+    def weights_of(self, name):
+        return self.gate_up_weight() if name == "gate_up" else self.weights[name]
 
     def gate_up_weight(self):
         """``[Wg; Wu]`` ``[2I, H]`` (one projection feeds swiglu's ``[..., 2I]`` input), made once."""
@@ -293,6 +351,8 @@ def plan_qwen3(config, phase="decode", batch=1, context=4096, dtype="bf16", stra
     stack); ``False``: the first layer's ``plain`` on its storage-dtype input."""
     c = resolve(config)
     s = choose(strategies)
+    _check_deferred(s)
+    deferred = s["rmsnorm"] == "deferred"
     dt = dtypes.storage_name(dtype)
     if dt is None:
         raise ConfigError(f"plan: dtype {dtype!r} is not a storage dtype (fp32, bf16, fp16)")
@@ -308,12 +368,17 @@ def plan_qwen3(config, phase="decode", batch=1, context=4096, dtype="bf16", stra
     def add(name, op, strategy, plan=None, note=""):
         steps.append(Step(name, op, strategy, plan, note))
 
-    def project(name, m_shape, n, k):
-        add(name, "linear", s["linear"], lin(m_shape + (k,), (n, k), dt, bias=False, **kw))
+    def project(name, m_shape, n, k, scaled=False):
+        extra = {"row_scale": True} if scaled else {}  # deferred: the norm's 1/rms in the epilogue
+        add(name, "linear", s["linear"], lin(m_shape + (k,), (n, k), dt, bias=False, **kw, **extra))
 
     host_add = "the unfused residual add runs on the host (no add op): plain's rows price the norm only"
     x_shape = (B, S, H)
-    if not stacked:
+    fold_note = "the gamma folded into the projections' weights; the projections apply the 1/rms"
+    if deferred:
+        add("input_norm", "rmsnorm", "deferred", rmsnorm.plan_deferred(x_shape, dt, **kw),
+            fold_note + ("; " + host_add if stacked else ""))
+    elif not stacked:
         add("input_norm", "rmsnorm", "plain", rmsnorm.plan_plain(x_shape, dt, weight_dtype="fp32", **kw))
     elif s["rmsnorm"] == "fused_add":
         add("input_norm", "rmsnorm", "fused_add",
@@ -321,7 +386,7 @@ def plan_qwen3(config, phase="decode", batch=1, context=4096, dtype="bf16", stra
     else:
         add("input_norm", "rmsnorm", "plain", rmsnorm.plan_plain(x_shape, dt, weight_dtype="fp32", **kw), host_add)
     for n in (Hq * D, Hkv * D, Hkv * D):
-        project("qkv", (B, S), n, H)
+        project("qkv", (B, S), n, H, deferred)
     add("qk_norm_rope", "rope", "cos_sin", rope.plan_cos_sin((B, S), D, dt, **kw))
     for heads in (Hq, Hkv):
         if s["rope"] == "fused_rmsnorm":
@@ -339,7 +404,9 @@ def plan_qwen3(config, phase="decode", batch=1, context=4096, dtype="bf16", stra
         attention.plan_paged(s["attention"], (B, Hq, S, D), (B * pages, bs, Hkv, D), (B, pages), None, dt,
                              kv_len=[C] * B, **kw, **opts))
     project("o_proj", (B, S), H, Hq * D)
-    if s["rmsnorm"] == "fused_add":
+    if deferred:
+        add("post_norm", "rmsnorm", "deferred", rmsnorm.plan_deferred(x_shape, dt, **kw), fold_note + "; " + host_add)
+    elif s["rmsnorm"] == "fused_add":
         add("post_norm", "rmsnorm", "fused_add",
             rmsnorm.plan_fused_add(x_shape, dt, residual_dtype="fp32", weight_dtype="fp32", **kw))
     else:
@@ -347,7 +414,7 @@ def plan_qwen3(config, phase="decode", batch=1, context=4096, dtype="bf16", stra
     if s["swiglu"] == "epilogue":
         add("gate_up+swiglu", "swiglu", "epilogue", swiglu.plan_epilogue((B, S, H), (I, H), dt, **kw))
     else:
-        project("gate_up", (B, S), 2 * I, H)
+        project("gate_up", (B, S), 2 * I, H, deferred)
         add("swiglu", "swiglu", s["swiglu"], getattr(swiglu, f"plan_{s['swiglu']}")((B, S, I), dt, **kw))
     project("down", (B, S), H, I)
     return LayerPlan(layer=c.name or "qwen3", phase=phase, batch=B, context=C, dtype=dt, strategies=s,

@@ -502,6 +502,29 @@ raises("rmsnorm.fused_add-residual-shape", lambda: rmsnorm.fused_add(_NX, _NR[:9
        r"residual must have x's shape \(10, 8\)")
 raises("rmsnorm.fused_add-residual-dtype-mix", lambda: rmsnorm.fused_add(_NX.astype(BF16), _NR.astype(np.float16), RW),
        DTypeError, r"residual must be fp32 or x's dtype \(bf16\)")
+# rmsnorm.deferred (x[..., D] -> fp32 x.shape[:-1]); rmsnorm.fold (weight[K], linear_weight[N, K])
+_tensor_cases("rmsnorm.deferred", "x", _NX, lambda a: rmsnorm.deferred(a), rank_bad=np.float32(1.0),
+              huge_shape=(2**22, 2**10), zero_shape=(5, 0))
+for _label, _eps in (("negative", -1e-6), ("nan", float("nan")), ("str", "1e-6"), ("bool", True)):
+    raises(f"rmsnorm.deferred-eps-{_label}", lambda e=_eps: rmsnorm.deferred(_NX, eps=e), ConstraintError,
+           r"eps must be a finite number >= 0")
+raises("rmsnorm.deferred-inv-unknown", lambda: rmsnorm.deferred(_NX, inv="fast"), ConstraintError, r"inv must be one of")
+raises("rmsnorm.deferred-out-shape", lambda: rmsnorm.deferred(_NX, out=np.empty((10, 8), F32)), ShapeError,
+       r"out must be a float32 array of x's leading dims \(10,\)")
+raises("rmsnorm.deferred-out-dtype", lambda: rmsnorm.deferred(_NX, out=np.empty(10, BF16)), ShapeError,
+       r"out must be a float32 array of x's leading dims \(10,\)")
+equal("rmsnorm.deferred-out", lambda: (lambda o: (rmsnorm.deferred(_NX, out=o), o)[1])(np.empty(10, F32)),
+      lambda: rmsnorm.deferred(_NX))
+# an all-zero row with eps=0: NaN, not inf (plain's NaN row): the kernel's fast-math flags let LLVM
+# compile 1/sqrt as an estimate with a refinement step, which gives NaN at 0 (machine/jit.py)
+close("rmsnorm.deferred-x-zero-row", lambda: rmsnorm.deferred(np.zeros((2, 8), F32), eps=0.0), lambda: np.full(2, np.nan))
+_tile_cases("rmsnorm.deferred", "token_tile", lambda **kw: rmsnorm.deferred(_NX, **kw), too_big=10**6)
+_profile_cases("rmsnorm.deferred", lambda **kw: rmsnorm.deferred(_NX, **kw))
+raises("rmsnorm.fold-weight-shape", lambda: rmsnorm.fold(RW[:7], np.ones((3, 8), F32)), ShapeError,
+       r"weight must have shape \(8,\) \(K of linear_weight \(3, 8\)")
+raises("rmsnorm.fold-linear_weight-rank", lambda: rmsnorm.fold(RW, np.ones(8, F32)), ShapeError, r"linear_weight")
+raises("rmsnorm.fold-offset-nan", lambda: rmsnorm.fold(RW, np.ones((3, 8), F32), float("nan")), ConstraintError,
+       r"offset must be a finite number")
 
 raises("rope.cos_sin-positions-object", lambda: rope.cos_sin(np.array([object()]), 8), DTypeError,
        r"positions must be an integer or float array, got dtype object")
@@ -894,6 +917,21 @@ for _s, _fn in _LIN.items():
            r"INT32_MAX")
     _profile_cases(_p, lambda f=_fn, **kw: f(LX, LW, LB, **kw))
 
+# linear.fused_bias(row_scale=): fp32 [M] or x's leading dims
+_LS = np.ones(LX.shape[0], F32)
+raises("linear.fused_bias-row_scale-shape", lambda: linear.fused_bias(LX, LW, LB, row_scale=_LS[:-1]), ShapeError,
+       rf"row_scale must have shape \({LX.shape[0]},\)")
+raises("linear.fused_bias-row_scale-shape-3d", lambda: linear.fused_bias(LX[None], LW, LB, row_scale=_LS[None, None]),
+       ShapeError, rf"row_scale must have shape \({LX.shape[0]},\) or x's leading dims \(1, {LX.shape[0]}\)")
+raises("linear.fused_bias-row_scale-dtype", lambda: linear.fused_bias(LX, LW, LB, row_scale=_LS.astype(BF16)), DTypeError,
+       r"row_scale must be fp32")
+raises("linear.fused_bias-row_scale-list", lambda: linear.fused_bias(LX, LW, LB, row_scale=[1.0]), DTypeError,
+       r"row_scale must be a numpy array")
+equal("linear.fused_bias-row_scale-ones", lambda: linear.fused_bias(LX, LW, LB, row_scale=_LS),
+      lambda: linear.fused_bias(LX, LW, LB))
+close("linear.fused_bias-row_scale-leading-dims", lambda: linear.fused_bias(LX[None], LW, LB, row_scale=_LS[None] * 2),
+      lambda: reference.linear(LX, LW)[None] * 2 + LB.astype(np.float64), rtol=1e-5, atol=1e-5)
+
 # ---------------------------------------------------------------------------------------------
 # embedding
 
@@ -1024,6 +1062,7 @@ for _cid, _call in (
     ("mean.sum_div", lambda: mean.sum_div(_xb, cast_mode="nearest")),
     ("rmsnorm.plain", lambda: rmsnorm.plain(_xb, _xb[0], cast_mode="nearest")),
     ("rmsnorm.fused_add", lambda: rmsnorm.fused_add(_xb, _xb, _xb[0], cast_mode="nearest")),
+    ("rmsnorm.deferred", lambda: rmsnorm.deferred(_xb, cast_mode="nearest")),
     ("rope.standard", lambda: rope.standard(_x4, *_cs, cast_mode="nearest")),
     ("rope.interleaved", lambda: rope.interleaved(_x4, *_ci, cast_mode="nearest")),
     ("rope.rmsnorm", lambda: rope.rmsnorm(_x4, _xb[0], cast_mode="nearest")),

@@ -80,6 +80,8 @@ def _cases():
             (make((19, 2, 1001), dt, rng), rng.random((19, 2)).astype(np.float32)), {})),
         "linear.fused_bias": (pn.linear.fused_bias, lambda rng, dt: (
             (make((37, 131), dt, rng), make((67, 131), dt, rng, 0.1), make((67,), dt, rng)), {})),
+        "linear.fused_bias/row_scale": (pn.linear.fused_bias, lambda rng, dt: (
+            (make((3, 131), dt, rng), make((67, 131), dt, rng, 0.1)), dict(row_scale=make((3,), "fp32", rng, 0.1, 1.0)))),
         "linear.matmul_add": (pn.linear.matmul_add, lambda rng, dt: (
             (make((3, 131), dt, rng), make((67, 131), dt, rng, 0.1), make((67,), dt, rng)), {})),
         "embedding.gather/int32": (pn.embedding.gather, lambda rng, dt: (
@@ -90,6 +92,7 @@ def _cases():
                                                              dict(offset=1.0))),
         "rmsnorm.fused_add": (pn.rmsnorm.fused_add, lambda rng, dt: (
             (make((5, 96), dt, rng), make((5, 96), "fp32", rng, 3.0), make((96,), dt, rng)), {})),
+        "rmsnorm.deferred": (pn.rmsnorm.deferred, lambda rng, dt: ((make((5, 3, 96), dt, rng, 2.0),), {})),
         "softmax.whole_row": (pn.softmax.whole_row, lambda rng, dt: ((make((7, 1000), dt, rng, 4.0),), dict(scale=0.7))),
         "softmax.online": (pn.softmax.online, lambda rng, dt: ((make((3, 3001), dt, rng, 4.0),), dict(col_tile=512))),
         "swiglu.separate": (pn.swiglu.separate, lambda rng, dt: ((make((5, 3, 130), dt, rng, 3.0), make((5, 3, 130), dt, rng)),
@@ -151,7 +154,8 @@ def test_torch_in_torch_out(name, dtype, rng, monkeypatch):
         assert len(made) == len(wants)
         assert got_rec.cost.workspace_bytes == want_rec.cost.workspace_bytes  # contiguous: no copy
         assert got_rec.cost == want_rec.cost
-    assert gots[0].dtype == TORCH_DTYPE[dtype] or name.startswith("moe.") and "gating" in name
+    fp32_out = name.startswith("moe.") and "gating" in name or name == "rmsnorm.deferred"  # fp32 by definition
+    assert gots[0].dtype == TORCH_DTYPE[dtype] or fp32_out
 
 
 def test_moe_ids_stay_int32(rng):

@@ -119,3 +119,32 @@ def test_bad_strategies_and_shapes(rng):
     cache = layer.new_cache(1, 3)
     with pytest.raises(ShapeError, match="context of 3"):
         layer(_hidden(rng, (1, 4, 256), "fp32"), cache=cache)
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_deferred_norms_match_float64_and_save_the_normed_rows(dt, rng):
+    """rmsnorm="deferred": the q/k/v and gate/up projections apply the 1/rms with the folded weights;
+    the layer stays within its float64 bound, its plan equals the counted cost of a stacked run, and
+    the norms write N*4 bytes instead of N*H*b."""
+    st = {"rmsnorm": "deferred", "swiglu": "fused"}
+    layer = layers.Qwen3Layer(CFG, dtype=dt, seed=1)
+    h = _hidden(rng, (2, 5, 256), dt)
+    d = pn.precision.distribution(layer(h, strategies=st), layer.reference(h), dt)
+    assert d.rel_l2 < REL_L2[dt] and d.cosine > 1 - REL_L2[dt], str(d)
+    stack = [layers.Qwen3Layer(CFG, dtype=dt, layer=i) for i in range(2)]
+    caches = [l.new_cache(2, 5) for l in stack]
+    with pn.trace() as t:
+        study.run_stack(stack, _hidden(rng, (2, 5, 256), dt), caches=caches, strategies=st)
+    planned = stack[0].plan("prefill", 2, 5, dt, st, stacked=False).cost + stack[1].plan("prefill", 2, 5, dt, st).cost
+    assert t.total == planned, t.total.differences(planned)
+    p = layers.Qwen3Layer("qwen3-14b").plan("decode", batch=16, context=4096, dtype="bf16", strategies=st)
+    q = layers.Qwen3Layer("qwen3-14b").plan("decode", batch=16, context=4096, dtype="bf16",
+                                            strategies={"rmsnorm": "plain", "swiglu": "fused"})
+    norms = {s.name: s.plan.cost for s in p.steps if s.op == "rmsnorm" and s.name in ("input_norm", "post_norm")}
+    assert set(norms) == {"input_norm", "post_norm"} and all(c.gm_write_bytes == 16 * 4 for c in norms.values())
+    assert q.cost.gm_write_bytes - p.cost.gm_write_bytes == 2 * (16 * 5120 * 2 - 16 * 4)
+    assert p.cost.gm_read_bytes < q.cost.gm_read_bytes and p.cost.kernels == q.cost.kernels
+    with pytest.raises(ConfigError, match="row_scale"):
+        layer.plan(strategies={"rmsnorm": "deferred", "linear": "matmul_add", "swiglu": "fused"})
+    with pytest.raises(ConfigError, match="swiglu 'epilogue'"):
+        layer(h, strategies={"rmsnorm": "deferred", "swiglu": "epilogue"})

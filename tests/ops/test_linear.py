@@ -153,3 +153,91 @@ def test_plan_accepts_numpy_dtypes_and_rejects_others():
     assert linear.plan_fused_bias((4, 8), (6, 8), np.float16).dtype == "fp16"
     with pytest.raises(DTypeError, match="'float64' is not a storage dtype; use fp32, bf16 or fp16"):
         linear.plan_fused_bias((4, 8), (6, 8), "float64")
+
+
+# ---------------------------------------------------------------------------------------------
+# row_scale: a per-row fp32 scale on the accumulator (rmsnorm.deferred's 1/rms, rmsnorm.fold's weight)
+
+
+def _scaled_bound(x, w, r, bias):
+    """|r| * (the fp32 accumulation bound) + the one rounding of the output, vs float64."""
+    dt = dtypes.storage_name(x.dtype)
+    x64 = x.astype(np.float64).reshape(-1, x.shape[-1])
+    mag = np.abs(r.reshape(-1, 1)) * (np.abs(x64) @ np.abs(w.astype(np.float64)).T)
+    acc = (x.shape[-1] + 2) * 2.0**-24 * mag
+    if bias is not None:
+        mag = mag + np.abs(bias.astype(np.float64))
+    return (acc + 2 * U_OUT[dt] * mag).reshape(x.shape[:-1] + (w.shape[0],))
+
+
+@pytest.mark.parametrize("m", [1, 5, 17, 33])
+def test_row_scale_against_float64(m, dtype, rng):
+    """``round(r[i] * (x @ W^T)[i, j] + b[j])``: decode (M < 16) and prefill paths, odd K and N,
+    with and without a bias; the plan counts what the kernel does."""
+    x, w, b = make((m, 133), dtype, rng), make((77, 133), dtype, rng, 0.1), make((77,), dtype, rng)
+    r = make((m,), "fp32", rng, 0.5, 1.0)
+    for bias in (b, None):
+        out, rec = run_traced(linear.fused_bias, x, w, bias, row_scale=r)
+        want = r.astype(np.float64)[:, None] * reference.linear(x, w)
+        if bias is not None:
+            want = want + bias.astype(np.float64)
+        assert out.dtype == NP_DTYPE[dtype] and out.shape == (m, 77)
+        assert np.all(np.abs(out.astype(np.float64) - want) <= _scaled_bound(x, w, r, bias))
+        assert_cost_matches_plan(rec)
+        p = linear.plan_fused_bias(x.shape, w.shape, dtype, bias=bias is not None, row_scale=True)
+        base = linear.plan_fused_bias(x.shape, w.shape, dtype, bias=bias is not None)
+        assert rec.cost == p.cost
+        tn = -(-77 // p.params["n1"])
+        assert p.cost.gm_read_bytes - base.cost.gm_read_bytes == m * 4 * tn
+        assert p.cost.vector_ops - base.cost.vector_ops == m * 77
+        assert p.cost.kernels == 1 and p.cost.gm_write_bytes == base.cost.gm_write_bytes
+
+
+def test_row_scale_ones_gives_the_same_bits_and_leading_dims(rng):
+    x, w, b = make((2, 9, 70), "bf16", rng), make((45, 70), "bf16", rng), make((45,), "bf16", rng)
+    base = linear.fused_bias(x, w, b, SMALL)
+    assert np.array_equal(dtypes.kernel_view(linear.fused_bias(x, w, b, SMALL, row_scale=np.ones((2, 9), np.float32))),
+                          dtypes.kernel_view(base))
+    r = np.full(18, 2.0, np.float32)  # x2 is exact: twice the accumulator, rounded once
+    two = linear.fused_bias(x, w, None, SMALL, row_scale=r)
+    assert np.array_equal(two.astype(np.float32), (2 * linear.fused_bias(x, w, None, SMALL).astype(np.float32)))
+    # the kept signature (same shapes, other scales) reads the new scales
+    half = linear.fused_bias(x, w, None, SMALL, row_scale=np.full(18, 0.5, np.float32))
+    assert np.array_equal(half.astype(np.float32), 0.5 * linear.fused_bias(x, w, None, SMALL).astype(np.float32))
+
+
+@pytest.mark.parametrize("m", [1, 5, 17, 33])
+def test_deferred_rmsnorm_then_folded_linear(m, dtype, rng):
+    """``fused_bias(x, fold(g, W), row_scale=deferred(x))`` is RMSNorm then the Linear: against the
+    float64 ``rmsnorm(x, g) @ W^T + b`` within one fp32 accumulation, the rounding of the folded
+    weight and the output's one rounding."""
+    from pypto_numba import rmsnorm
+
+    K, N = 133, 45
+    x, w, b = make((m, K), dtype, rng, 2.0), make((N, K), dtype, rng, 0.1), make((N,), dtype, rng)
+    g = make((K,), "fp32", rng, 0.1, 1.0)
+    r = rmsnorm.deferred(x)
+    out = linear.fused_bias(x, rmsnorm.fold(g, w), b, row_scale=r)
+    x64 = x.astype(np.float64)
+    normed = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + 1e-6) * g.astype(np.float64)
+    want = normed @ w.astype(np.float64).T + b.astype(np.float64)
+    dt = dtypes.storage_name(x.dtype)
+    mag = np.abs(normed) @ np.abs(w.astype(np.float64)).T
+    # r within 16 fp32 ulps (see test_rmsnorm), the folded weight one storage rounding, fp32 sums
+    bound = ((K + 18) * 2.0**-24 + 2 * U_OUT[dt]) * mag + 2 * U_OUT[dt] * (mag + np.abs(b.astype(np.float64)))
+    assert np.all(np.abs(out.astype(np.float64) - want) <= bound)
+    # and it is as close as plain + Linear (which rounds the normed rows instead of the weight)
+    ref = linear.fused_bias(rmsnorm.plain(x, g), w, b)
+    err_d = np.max(np.abs(out.astype(np.float64) - want) / (mag + 1e-30))
+    err_p = np.max(np.abs(ref.astype(np.float64) - want) / (mag + 1e-30))
+    assert err_d <= 2 * err_p + 4 * U_OUT[dt]
+
+
+def test_row_scale_bad_input(rng):
+    x, w = make((5, 24), "fp32", rng), make((12, 24), "fp32", rng)
+    with pytest.raises(ShapeError, match=r"row_scale must have shape \(5,\) or x's leading dims \(5,\)"):
+        linear.fused_bias(x, w, row_scale=np.ones(4, np.float32))
+    with pytest.raises(DTypeError, match=r"row_scale must be fp32 .*shape \(5,\)"):
+        linear.fused_bias(x, w, row_scale=np.ones(5, np.float16))
+    with pytest.raises(TypeError):
+        linear.matmul_add(x, w, row_scale=np.ones(5, np.float32))

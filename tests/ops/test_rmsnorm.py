@@ -155,3 +155,67 @@ def test_fused_add_saves_traffic():
     add_bytes = n * (2 + 4) + n * 4
     separate = add_bytes + p.gm_read_bytes + p.gm_write_bytes
     assert separate - (f.gm_read_bytes + f.gm_write_bytes) == n * 4 + n * 2  # the re-read + fp32-vs-bf16 normed
+
+
+# ---------------------------------------------------------------------------------------------
+# deferred: the fp32 1/rms of each row; fold: the gamma folded into the next Linear's weight
+
+
+@pytest.mark.parametrize("D", (3, 96, 4099))
+def test_deferred_oracle_relation_and_cost(rng, dtype, D):
+    x = make((5, 3, D), dtype, rng, 2.0)
+    eps = 1e-5
+    r, rec = run_traced(rmsnorm.deferred, x, eps)
+    assert r.shape == (5, 3) and r.dtype == np.float32
+    x64 = x.astype(np.float64)
+    want = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1) + eps)
+    assert np.max(np.abs(r / want - 1.0)) <= 16 * 2.0**-24, np.max(np.abs(r / want - 1.0))
+    assert_cost_matches_plan(rec)
+    N = 15
+    bx = x.itemsize
+    assert rec.cost.gm_read_bytes == N * D * bx and rec.cost.gm_write_bytes == N * 4 and rec.cost.kernels == 1
+    assert rec.cost == rmsnorm.plan_deferred(x.shape, dtype).cost
+    # plain's scale: plain(x, ones) is x * r rounded to x's dtype, within 2 fp32 ulps before the cast
+    # (fast-math lets LLVM fold plain's 1/sqrt into its product differently from deferred's store)
+    ones = np.ones(D, np.float32)
+    y = rmsnorm.plain(x, ones, eps)
+    z = (x.astype(np.float32) * r[..., None]).astype(x.dtype)
+    assert _ulps_apart(y, z, dtype) <= (2 if dtype == "fp32" else 1)
+
+
+def test_deferred_plan_saves_the_normed_rows():
+    """deferred writes N*4 bytes instead of plain's N*D*bx and reads no weight."""
+    p, d = rmsnorm.plan_plain((16, 5120), "bf16", weight_dtype="fp32"), rmsnorm.plan_deferred((16, 5120), "bf16")
+    assert d.cost.gm_write_bytes == 16 * 4 and p.cost.gm_write_bytes == 16 * 5120 * 2
+    assert p.cost.gm_read_bytes - d.cost.gm_read_bytes == p.kernels[0].tasks * 5120 * 4
+    assert d.cost.vector_ops == 16 * 5120 * (2 + 1) + 16 * 3
+
+
+def test_deferred_out_and_1d(rng):
+    x = make((7, 40), "fp32", rng)
+    out = np.full(7, np.nan, np.float32)
+    assert rmsnorm.deferred(x, out=out) is out
+    assert np.array_equal(out, rmsnorm.deferred(x))
+    r1 = rmsnorm.deferred(x[0])
+    assert r1.shape == () and r1 == out[0]
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_fold_is_one_rounding_of_w_times_gamma(rng, dtype, offset):
+    W = make((9, 37), dtype, rng, 0.2)
+    g = make((37,), "fp32", rng, 0.1, 0.0 if offset else 1.0)
+    f = rmsnorm.fold(g, W, offset)
+    assert f.shape == W.shape and f.dtype == W.dtype
+    exact = W.astype(np.float64) * (g.astype(np.float64) + offset)  # float64: exact for these inputs
+    want = exact.astype(np.float32).astype(W.dtype)
+    assert _ulps_apart(f, want, dtype) <= 1  # fp32 product then rint: at most the fp32 rounding apart
+    err = np.abs(f.astype(np.float64) - exact) / np.maximum(np.abs(exact), 2.0**-14)  # fp16 subnormals: absolute
+    assert np.max(err) <= ULP[dtype] * (1 + 2.0**-16)  # within half a storage ulp, plus fp32's
+
+
+def test_fold_takes_torch_tensors(rng):
+    torch = pytest.importorskip("torch")
+    W, g = make((9, 37), "fp16", rng, 0.2), make((37,), "fp32", rng, 0.1, 1.0)
+    got = rmsnorm.fold(torch.from_numpy(g), torch.from_numpy(W))
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float16
+    assert np.array_equal(got.numpy().view(np.uint16), rmsnorm.fold(g, W).view(np.uint16))

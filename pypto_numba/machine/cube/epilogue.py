@@ -1,7 +1,9 @@
-"""The cube's epilogue (L0C -> GM): the fused bias, the gated SiLU, and the one rounding.
+"""The cube's epilogue (L0C -> GM): the fused bias, a per-row scale, the gated SiLU, and the one
+rounding.
 
-:func:`epilogue` is the epilogue of ``linear.fused_bias``: the bias is added to the fp32
-accumulator here and the sum is rounded once to the output dtype. Every path of the walk
+:func:`epilogue` is the epilogue of ``linear.fused_bias``: an optional fp32 scale per output row
+multiplies the fp32 accumulator and the bias is added to it here, and the result is rounded once
+to the output dtype. Every path of the walk
 (:mod:`.walk`) ends here. :func:`epilogue_swiglu` ends ``linear.gate_up_swiglu``: two fp32
 accumulators (gate and up) combined as ``silu(gate) * up`` by the vector unit (a mixed kernel),
 one rounding. :func:`silu`, :func:`clamp_gate`, :func:`clamp_up` are that activation, written once
@@ -46,21 +48,36 @@ def epilogue(
     cols,
     bias,
     has_bias,
+    scale,
+    has_scale,
     out,
     r0,
     c0,
 ):
-    """L0C -> GM: ``out[r0+i, c0+j] = round_out(c[i, j] (+ widen(bias[c0+j])))``, one rounding.
+    """L0C -> GM: ``out[r0+i, c0+j] = round_out((scale[r0+i] *) c[i, j] (+ widen(bias[c0+j])))``,
+    one rounding (the per-row scale and the bias applied to the fp32 accumulator first).
 
     Parameters
     ----------
     c : fp32 L0C tiles of the block, ``c[:rows, :cols]`` valid
     bias, has_bias : the bias kernel view ``[N]`` (storage dtype), read only when ``has_bias``
+    scale, has_scale : an fp32 scale per output row ``[M]``, read only when ``has_scale``
     out : the output kernel view ``[M, N]``; its dtype is the one rounded to
     r0, c0 : the block's first row and column in ``out``
     """
     oc = np.uint64(c0)  # unsigned indices: see machine/jit.py
-    if has_bias:
+    if has_scale:
+        for i in range(rows):
+            ro = np.uint64(r0 + i)
+            ri = np.uint64(i)
+            s = scale[ro]
+            if has_bias:
+                for j in range(np.uint64(cols)):
+                    out[ro, oc + j] = dtypes.narrow(out, s * c[ri, j] + dtypes.widen(bias[oc + j]))
+            else:
+                for j in range(np.uint64(cols)):
+                    out[ro, oc + j] = dtypes.narrow(out, s * c[ri, j])
+    elif has_bias:
         for i in range(rows):
             ro = np.uint64(r0 + i)
             ri = np.uint64(i)

@@ -92,6 +92,7 @@ class CubeWalk:
     gm_read_bytes: int
     gm_write_bytes: int
     cube_flops: int
+    row_scale: bool = False  # an fp32 scale per output row, applied in the epilogue
 
     @property
     def params(self) -> dict:
@@ -100,6 +101,7 @@ class CubeWalk:
 
     def kernel_plan(self, name: str, extra_buffers=()) -> KernelPlan:
         """A KernelPlan for a kernel that is exactly this walk (plus any extra buffers)."""
+        scaled = self.m * self.n if self.row_scale else 0  # one fp32 multiply per output
         return KernelPlan(
             name=name,
             unit="cube",
@@ -108,6 +110,8 @@ class CubeWalk:
             gm_read_bytes=self.gm_read_bytes,
             gm_write_bytes=self.gm_write_bytes,
             cube_flops=self.cube_flops,
+            vector_ops=scaled,
+            vector_mix=(("TMUL", "fp32", scaled),) if scaled else (),
         )
 
 
@@ -125,13 +129,17 @@ def plan_walk(
     out_dtype: str = None,
     *,
     bias_dtype: str = None,
+    row_scale: bool = False,
     profile=None,
     where: str = "cube",
 ) -> CubeWalk:
     """Validate ``tiles`` for ``a[m, k] @ b[n, k]^T`` and return the walk's buffers and counts.
 
     ``tiles = ((mL0, mL1), (kL0, kL1), (nL0, nL1))``; ``b_dtype`` and ``out_dtype`` default to
-    ``a_dtype``; ``bias_dtype`` None: no bias; ``where`` names the caller in error messages.
+    ``a_dtype``; ``bias_dtype`` None: no bias; ``row_scale``: an fp32 ``[m]`` scale per output
+    row multiplies the accumulator in the epilogue (each block reads its rows' scales: ``m*4``
+    bytes per column of blocks, and one vector op per output); ``where`` names the caller in error
+    messages.
 
     Raises TileError (via :func:`~pypto_numba.machine.plan.cube_tiles`: the buffer, its bytes
     and its budget) and ConstraintError when ``k`` exceeds the matmul inner-axis limit.
@@ -151,12 +159,14 @@ def plan_walk(
     reads = m * k * ITEMSIZE[a_dtype] * tn + n * k * ITEMSIZE[b_dtype] * tm
     if bias_dtype is not None:
         reads += n * ITEMSIZE[bias_dtype] * tm
+    if row_scale:
+        reads += m * ITEMSIZE["fp32"] * tn
     return CubeWalk(
         m=m, k=k, n=n, tiles=((m0, m1), (k0, k1), (n0, n1)),
         a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, bias_dtype=bias_dtype,
         buffers=tuple(buffers), tasks=tm * tn,
         gm_read_bytes=reads, gm_write_bytes=m * n * ITEMSIZE[out_dtype],
-        cube_flops=2 * m * n * k,
+        cube_flops=2 * m * n * k, row_scale=bool(row_scale),
     )
 
 
@@ -170,6 +180,7 @@ def run_walk(
     skinny=None,
     merge_k=True,
     group=True,
+    scale_k=None,
 ):
     """Run :func:`matmul_nt_kernel` on 2-D kernel views with a walk's tiles; returns its counters.
 
@@ -178,7 +189,9 @@ def run_walk(
     one kL1 chunk as one BLAS call (default) instead of one call per kL0 step (same counts, same
     fp32 accumulation; only the order of the fp32 additions inside the chunk differs); ``group``
     (fp32 with ``merge_k``, ``M >= SKINNY_M`` only) runs groups of walk blocks as one BLAS call of about
-    ``GROUP_EDGE`` x ``GROUP_EDGE`` outputs (same counts, per block).
+    ``GROUP_EDGE`` x ``GROUP_EDGE`` outputs (same counts, per block); ``scale_k``: None, or a
+    contiguous float32 ``[M]`` scale per output row, applied to the fp32 accumulator before the
+    bias (``out = round(scale[:, None] * acc + bias)``).
     """
     p = walk_or_params.params if isinstance(walk_or_params, CubeWalk) else walk_or_params
     if a_k.dtype != b_k.dtype or (bias_k is not None and bias_k.dtype != a_k.dtype):
@@ -190,6 +203,13 @@ def run_walk(
     has_bias = bias_k is not None
     if not has_bias:
         bias_k = np.zeros(1, a_k.dtype)
+    has_scale = scale_k is not None
+    if has_scale:
+        if scale_k.dtype != np.float32 or scale_k.shape != (a_k.shape[0],):
+            raise ValueError(f"run_walk: scale_k must be float32 [{a_k.shape[0]}], got {scale_k.dtype} "
+                             f"{scale_k.shape}")
+    else:
+        scale_k = np.zeros(1, np.float32)
     if skinny is None:
         m = a_k.shape[0]
         skinny = m < SKINNY_M
@@ -208,5 +228,5 @@ def run_walk(
         gm, gn = _groups(a_k.shape[0], b_k.shape[0], p["m1"], p["n1"], numba.config.NUMBA_NUM_THREADS)
     work = scratch(p["m1"] * gm, p["k1"], p["n1"] * gn, p["k0"], a_k.dtype == np.float32, skinny, k=a_k.shape[1])
     with single_thread_blas(), dynamic_tasks():
-        return matmul_nt_kernel(a_k, b_k, bias_k, out_k, has_bias, p["m1"], p["k1"], p["n1"],
+        return matmul_nt_kernel(a_k, b_k, bias_k, out_k, has_bias, scale_k, has_scale, p["m1"], p["k1"], p["n1"],
                                 p["m0"], p["k0"], p["n0"], skinny, bool(merge_k), gm, gn, *work)

@@ -3,7 +3,7 @@
 Each task (:func:`walk_task`) zeroes its L0C tiles, runs the kL1 steps by one of three paths
 (the decode loops of :mod:`.decode` for ``M < SKINNY_M``, one BLAS call per block for fp32, or
 16-bit operands widened into L1 scratch then BLAS per kL1 chunk or per L0 step), and ends with
-the :func:`~.epilogue.epilogue` (bias, one rounding). fp32 prefill may instead run groups of
+the :func:`~.epilogue.epilogue` (row scale, bias, one rounding). fp32 prefill may instead run groups of
 blocks as one BLAS call (:func:`group_task`). Counts are the walk's in every path.
 """
 
@@ -65,6 +65,8 @@ def walk_task(
     bias,
     out,
     has_bias,
+    scale,
+    has_scale,
     m1,
     k1,
     n1,
@@ -80,12 +82,12 @@ def walk_task(
     slots,
 ):
     """One tile task of the walk: output block ``t`` (row-major over ``tn`` column blocks).
-    Returns (gm_read, gm_write, flops).
+    Returns (gm_read, gm_write, vector_ops, flops).
 
     Parameters
     ----------
     t, tn : the block's index, column blocks per row of blocks
-    a, b, bias, out, has_bias : as :func:`matmul_nt_kernel`
+    a, b, bias, out, has_bias, scale, has_scale : as :func:`matmul_nt_kernel`
     m1, k1, n1, m0, k0, n0 : the tiles (L1 and L0 sizes)
     skinny, merge_k : the decode loops; one BLAS call per kL1 chunk (else per L0 step)
     c : [mL1, nL1] fp32, the block's L0C tiles
@@ -186,10 +188,14 @@ def walk_task(
                                      pa + 4 * ((ar0 + mi) * lda + ac0 + ki), lda,
                                      pb + 4 * ((br0 + ni) * ldb + bc0 + ki), ldb, vm0, vn0, vk0, slots)
                             flops += 2 * vm0 * vn0 * vk0
-    epilogue(c, vm, vn, bias, has_bias, out, mb, nb)
+    epilogue(c, vm, vn, bias, has_bias, scale, has_scale, out, mb, nb)
+    vector_ops = 0
     if has_bias:
         gm_read += vn * bias.itemsize  # GM -> BT
-    return gm_read, vm * vn * out.itemsize, flops
+    if has_scale:
+        gm_read += vm * scale.itemsize  # the block's row scales
+        vector_ops = vm * vn  # one multiply per output
+    return gm_read, vm * vn * out.itemsize, vector_ops, flops
 
 
 @device(boundscheck=False)
@@ -203,6 +209,8 @@ def group_task(
     bias,
     out,
     has_bias,
+    scale,
+    has_scale,
     m1,
     k1,
     n1,
@@ -212,13 +220,15 @@ def group_task(
     """Blocks ``[bi0, bi1) x [bj0, bj1)`` of the walk (fp32 operands, merged K) by one BLAS call.
 
     Counts every block of the group exactly as :func:`walk_task` does (GM -> L1 per kL1 step,
-    the bias per block, one write per block); ``c`` holds the group's fp32 accumulators; the
-    other parameters as :func:`walk_task`. Returns (tasks, gm_read, gm_write, flops).
+    the bias and the row scales per block, one write per block); ``c`` holds the group's fp32
+    accumulators; the other parameters as :func:`walk_task`. Returns (tasks, gm_read, gm_write,
+    vector_ops, flops).
     """
     M, K = a.shape
     N = b.shape[0]
     gm_read = 0
     gm_write = 0
+    vector_ops = 0
     flops = 0
     tasks = 0
     for bi in range(bi0, bi1):
@@ -230,6 +240,9 @@ def group_task(
                 gm_read += vm * vk1 * a.itemsize + vn * vk1 * b.itemsize  # GM -> L1
             if has_bias:
                 gm_read += vn * bias.itemsize  # GM -> BT
+            if has_scale:
+                gm_read += vm * scale.itemsize  # the block's row scales
+                vector_ops += vm * vn
             gm_write += vm * vn * out.itemsize
             flops += 2 * vm * vn * K
             tasks += 1
@@ -244,8 +257,8 @@ def group_task(
     ldb = b.shape[1]
     mma_blas(c.ctypes.data, c.shape[1], a.ctypes.data + 4 * r0 * lda, lda, b.ctypes.data + 4 * c0 * ldb, ldb,
              rows, cols, K, slots)
-    epilogue(c, rows, cols, bias, has_bias, out, r0, c0)
-    return tasks, gm_read, gm_write, flops
+    epilogue(c, rows, cols, bias, has_bias, scale, has_scale, out, r0, c0)
+    return tasks, gm_read, gm_write, vector_ops, flops
 
 
 @kernel
@@ -255,6 +268,8 @@ def matmul_nt_kernel(
     bias,
     out,
     has_bias,
+    scale,
+    has_scale,
     m1,
     k1,
     n1,
@@ -271,13 +286,16 @@ def matmul_nt_kernel(
     w_l0,
     slots,
 ):
-    """``out = round(a @ b^T (+ bias))`` by the cube walk; returns the counters tuple.
+    """``out = round((scale[:, None] *) a @ b^T (+ bias))`` by the cube walk; returns the counters tuple.
 
     Parameters
     ----------
     a, b, bias, out : ``a[M, K]``, ``b[N, K]``, ``bias[N]``, ``out[M, N]``: storage kernel
         views (a, b, bias share one dtype; out may differ)
     has_bias : False: ``bias`` is any 1-element array, not read
+    scale, has_scale : an fp32 ``[M]`` scale per output row, applied to the fp32 accumulator in
+        the epilogue (one multiply per output, counted as a vector op); False: any 1-element
+        fp32 array, not read
     m1, k1, n1, m0, k0, n0 : the tiles (L1 and L0 sizes)
     skinny, merge_k : see :func:`walk_task`
     gm, gn : > 1 (fp32, merged K only): each prange iteration runs a group of gm x gn walk
@@ -295,6 +313,7 @@ def matmul_nt_kernel(
     tasks = 0
     gm_read = 0
     gm_write = 0
+    vector_ops = 0
     flops = 0
     slots0 = slots.ctypes.data
     for g in prange(gtm * gtn):
@@ -304,20 +323,22 @@ def matmul_nt_kernel(
         bi1 = min(tm, bi0 + gm)
         bj1 = min(tn, bj0 + gn)
         if grouped:
-            t, r, w, f = group_task(bi0, bi1, bj0, bj1, a, b, bias, out, has_bias, m1, k1, n1, acc[tid],
-                                    slots0 + tid * 4 * ARG_SLOTS)
+            t, r, w, v, f = group_task(bi0, bi1, bj0, bj1, a, b, bias, out, has_bias, scale, has_scale, m1, k1,
+                                       n1, acc[tid], slots0 + tid * 4 * ARG_SLOTS)
             tasks += t
             gm_read += r
             gm_write += w
+            vector_ops += v
             flops += f
         else:
             for bi in range(bi0, bi1):
                 for bj in range(bj0, bj1):
-                    r, w, f = walk_task(bi * tn + bj, tn, a, b, bias, out, has_bias, m1, k1, n1, m0, k0, n0,
-                                        skinny, merge_k, acc[tid], a_l1[tid], b_l1[tid], w_l0[tid],
-                                        slots0 + tid * 4 * ARG_SLOTS)
+                    r, w, v, f = walk_task(bi * tn + bj, tn, a, b, bias, out, has_bias, scale, has_scale, m1, k1,
+                                           n1, m0, k0, n0, skinny, merge_k, acc[tid], a_l1[tid], b_l1[tid],
+                                           w_l0[tid], slots0 + tid * 4 * ARG_SLOTS)
                     gm_read += r
                     gm_write += w
+                    vector_ops += v
                     flops += f
                     tasks += 1
-    return tasks, gm_read, gm_write, 0, flops
+    return tasks, gm_read, gm_write, vector_ops, flops

@@ -1,0 +1,150 @@
+"""The rmsnorm kernel (one for plain, fused_add and deferred) and the vector-op counts."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ..machine import dtypes
+from ..machine.jit import device, kernel
+
+NORM_OPS = 4  # per element: x*x, sum, *inv, *w
+SUMSQ_OPS = 2  # deferred, per element: x*x, sum
+ROW_OPS = {"rsqrt": 3, "recip_sqrt": 4}  # per row: *1/D, +eps, then rsqrt | sqrt + reciprocal
+ADD_OPS = 1  # fused_add, per element: residual + x
+CAST_OPS = 2  # per element of a 16-bit tensor: widen in, narrow out
+WIDEN_OPS = 1  # deferred, per element of a 16-bit x: widen in (the output is fp32)
+INVS = tuple(ROW_OPS)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels: one prange iteration = T rows (a pypto.loop iteration on an AI vector core)
+
+
+@device(forceinline=True)
+def _widen_weight(weight, wf, uD, offset):
+    """``wf[:D] = weight + offset`` in fp32 (the offset only when nonzero: ``w + 0`` would turn -0 to +0)."""
+    for j in range(uD):
+        wf[j] = dtypes.widen(weight[j])
+    if offset != 0.0:
+        off32 = np.float32(offset)
+        for j in range(uD):
+            wf[j] = wf[j] + off32
+
+
+@device(forceinline=True)
+def row_rstd(ss, inv_d, eps32):
+    """``1/sqrt(ss/D + eps)`` in fp32 from a row's sum of squares: the scale plain applies and
+    deferred returns."""
+    return np.float32(1.0) / np.sqrt(ss * inv_d + eps32)
+
+
+@device(forceinline=True)
+def norm_row(y, wf, dst, d_off, uD, ss, inv_d, eps32, cm=None):
+    """``dst[d_off:][:D] = y * 1/sqrt(ss/D + eps) * wf`` for the fp32 row ``y`` and its sum of
+    squares ``ss`` (summed by the caller in the loop that fills ``y``, as rope.rmsnorm does);
+    ``cm``: the cast mode of the narrowing (a ``dtypes.CastMode``; omitted: rint)."""
+    rstd = row_rstd(ss, inv_d, eps32)
+    for j in range(uD):
+        dst[d_off + j] = dtypes.narrow(dst, y[j] * rstd * wf[j], cm)
+
+
+@kernel
+def _rmsnorm_kernel(
+    x,
+    residual,
+    weight,
+    out,
+    new_res,
+    T,
+    eps,
+    offset,
+    add,
+    scale_only,
+    scale,
+    row_ops,
+    fscratch,
+    cm,
+):
+    """plain (``add`` False), fused_add or deferred (``scale_only``) RMSNorm of ``[N, D]`` rows
+    -> the cost counters. One kernel for the three, so deferred's scale comes from the loop and
+    expression plain normalises with (a separate kernel's sum would be vectorised on its own).
+
+    Parameters
+    ----------
+    x, out : [N, D] kernel views (x's dtype)
+    residual, new_res : [N, D] kernel views (the residual's dtype); x and out when not ``add``
+    weight : [D] kernel view (fp32 or x's dtype)
+    T : rows per task
+    eps, offset : the norm's epsilon; added to the widened weight
+    add : fused_add: ``new_res = residual + x`` (rounded), normalised in place of x
+    scale_only, scale : deferred: ``scale[:N] = 1/sqrt(mean(x**2) + eps)`` (fp32) and nothing
+        else is written (weight, out, offset unused); plain / fused_add: any fp32 array, unused
+    row_ops : vector ops counted per row (3 rsqrt, 4 recip_sqrt)
+    fscratch : [threads, 2, D] fp32 rows (the widened row, the weight)
+    cm : the cast mode of both narrowings (normed, new residual; a ``dtypes.CastMode``)
+    """
+    N, D = x.shape
+    uD = np.uint64(D)
+    n_tiles = (N + T - 1) // T
+    bx = x.itemsize
+    br = residual.itemsize
+    bw = weight.itemsize
+    cx = int(bx != 4)
+    cr = int(br != 4)
+    cw = int(bw != 4)
+    co = int(offset != 0.0)
+    inv_d = np.float32(1.0 / D)
+    eps32 = np.float32(eps)
+    xf = x.reshape(-1)
+    rf = residual.reshape(-1)
+    of = out.reshape(-1)
+    nf = new_res.reshape(-1)
+    tasks = 0
+    gm_read = 0
+    gm_write = 0
+    vector_ops = 0
+    for task in prange(n_tiles):
+        r0 = task * T
+        valid = min(T, N - r0)  # valid shape of the tail tile
+        tid = numba.get_thread_id()
+        y = fscratch[tid, 0]
+        wf = fscratch[tid, 1]
+        if not scale_only:
+            _widen_weight(weight, wf, uD, offset)
+        for t in range(valid):
+            off = np.uint64(r0 + t) * uD
+            ss = np.float32(0.0)
+            if add:
+                for j in range(uD):
+                    q = dtypes.narrow(nf, dtypes.widen(rf[off + j]) + dtypes.widen(xf[off + j]), cm)
+                    nf[off + j] = q
+                    v = dtypes.widen(q)
+                    y[j] = v
+                    ss += v * v
+            else:
+                for j in range(uD):
+                    v = dtypes.widen(xf[off + j])
+                    y[j] = v
+                    ss += v * v
+            if scale_only:
+                scale[r0 + t] = row_rstd(ss, inv_d, eps32)
+            else:
+                norm_row(y, wf, of, off, uD, ss, inv_d, eps32, cm)
+        elems = valid * D
+        tasks += 1
+        if scale_only:
+            gm_read += elems * bx
+            gm_write += valid * 4
+            vector_ops += elems * SUMSQ_OPS + valid * row_ops + cx * elems * WIDEN_OPS
+        else:
+            gm_read += elems * bx + D * bw
+            gm_write += elems * bx
+            ops = elems * NORM_OPS + valid * row_ops + cx * elems * CAST_OPS + (cw + co) * D
+            if add:
+                gm_read += elems * br
+                gm_write += elems * br
+                ops += elems * ADD_OPS + cr * elems * CAST_OPS
+            vector_ops += ops
+    return tasks, gm_read, gm_write, vector_ops, 0
