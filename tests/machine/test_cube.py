@@ -1,7 +1,7 @@
 """The cube unit on its own: machine/cube/ against a float64 matmul of the widened operands.
 
-Covers every storage dtype, odd M/N/K tails on every tile level, the BLAS (M >= 16) and the
-hand-written skinny (decode) paths, the bias epilogue, exact counts of the walk, thread-count
+Covers every storage dtype, odd M/N/K tails on every tile level, the BLAS and the hand-written
+skinny (decode) paths and which one runs by default, the bias epilogue, exact counts of the walk, thread-count
 independence, and each budget rule of npu-facts 4.3 (TileError naming buffer, bytes, budget).
 """
 
@@ -97,6 +97,21 @@ def test_skinny_and_blas_paths_agree(dt, rng):
     _check_close(fast, a, b, bias, dt)
     assert not np.array_equal(fast, np.zeros_like(fast))
     assert cf == cl == (walk.tasks, walk.gm_read_bytes, walk.gm_write_bytes, 0, walk.cube_flops)
+
+
+@pytest.mark.parametrize("dt, loops, blas", [("fp32", 95, 96), ("fp16", 127, 128), ("bf16", 200, None)])
+def test_default_path_by_rows_and_dtype(dt, loops, blas, rng):
+    """The walk runs the decode loops below a per-dtype row count (cube.use_loops: where they were
+    measured faster), BLAS / the widening walk from it; bf16 always the loops. Same counts."""
+    b, bias = make((40, 70), dt, rng), make((40,), dt, rng)
+    for m, skinny in ((16, True), (loops, True)) + (((blas, False),) if blas else ()):
+        a = make((m, 70), dt, rng)
+        assert cube.use_loops(m, dtypes.kernel_view(a).dtype) is skinny
+        default, cd, walk = _run(a, b, bias)
+        forced, cf, _ = _run(a, b, bias, skinny=skinny)
+        assert np.array_equal(dtypes.kernel_view(default), dtypes.kernel_view(forced)), (dt, m)
+        assert cd == cf == (walk.tasks, walk.gm_read_bytes, walk.gm_write_bytes, 0, walk.cube_flops)
+        _check_close(default, a, b, bias, dt)
 
 
 @pytest.mark.parametrize("edge", [32, 96, 10**6])

@@ -37,7 +37,7 @@ The package, one concern per file:
     ir_blocks.py   LLVM IR builders of the register blocks (vector loads, FMAs, reductions)
     blocks.py      the register blocks (dot4x4, dot1x4, the bf16 pairs blocks, outer_rows)
     blocks_plain.py  plain numba versions of one block per family: the readable reference
-    decode.py      the decode loops (M < SKINNY_M): weight rows streamed through the blocks
+    decode.py      the decode loops (few rows of a): weight rows streamed through the blocks
     walk.py        the walk kernel (matmul_nt_kernel, one tile task per output block)
     epilogue.py    L0C -> GM: the fused bias and the one rounding
     plan.py        plan_walk (tiles, counts) and run_walk (scratch, BLAS threads, the kernel)
@@ -62,8 +62,9 @@ choice: docs/performance.md)
 - BLAS runs single-threaded inside ``prange`` (the tasks are the parallelism):
   :func:`run_walk` pins SciPy's OpenBLAS -- a library separate from NumPy's -- to one thread
   around the kernel (:func:`single_thread_blas`), so NumPy's own BLAS keeps its threads.
-- Decode (``M < SKINNY_M`` = 16): hand-written loops instead of BLAS (:mod:`.decode`; BLAS packs
-  each weight panel first). Each group of ``SKINNY_ROWS`` weight rows is streamed once against
+- Few rows of ``a`` (:func:`.decode.use_loops`: fp32 M < 96, fp16 M < 128, bf16 always):
+  hand-written loops instead of BLAS or the widening walk (:mod:`.decode`; BLAS packs each weight
+  panel first). Each group of ``SKINNY_ROWS`` weight rows is streamed once against
   all rows of ``a`` in register blocks of 4 rows x 4 weight rows, 1 x 4 for the rows of ``a``
   left over, prefetched ahead and the next group into L2; one fp32 partial sum per L0C value and
   kL1 step; same walk, same counts. bf16 operands are both read as stored and multiplied in
@@ -101,7 +102,7 @@ from .blocks import (
     dot4x4_v16_stream,
     outer_rows,
 )
-from .decode import SKINNY_M, SKINNY_ROWS, gemv_rows, gemv_rows_pairs
+from .decode import SKINNY_M, SKINNY_ROWS, gemv_rows, gemv_rows_pairs, use_loops
 from .epilogue import epilogue
 from .ir_blocks import V16
 from .plan import GROUP_EDGE, CubeWalk, plan_walk, run_walk, scratch
@@ -109,6 +110,7 @@ from .walk import group_task, load_l1, matmul_nt_kernel, walk_task
 
 __all__ = [
     "SKINNY_M",
+    "use_loops",
     "blas_available",
     "CubeWalk",
     "plan_walk",

@@ -1,5 +1,5 @@
-"""The decode loops of the cube walk (``M < SKINNY_M``): weight rows streamed once against all
-rows of ``a`` in the register blocks of :mod:`.blocks`.
+"""The decode loops of the cube walk (few rows of ``a``, see :func:`use_loops`): weight rows
+streamed once against all rows of ``a`` in the register blocks of :mod:`.blocks`.
 
 :func:`gemv_rows` (fp32 ``a``, the weight widened on the fly) and :func:`gemv_rows_pairs` (bf16
 ``a`` and weight in pairs) share their 4-row part, :func:`_rows_by_4`; :func:`_skinny_rows` picks
@@ -29,9 +29,20 @@ from ..ir import bf16_array
 from .ir_blocks import V16
 
 SKINNY_M = 16
-"""Below this many rows of ``a`` (one 16-row cube fractal: decode) the walk uses these loops by
-default instead of BLAS. fp32 too, from one row: OpenBLAS sends two or three rows to a gemm that
-packs the weight first."""
+"""One 16-row cube fractal: fewer rows of ``a`` than this are a decode step (the plans' decode
+tiles, ``linear_decode_cube_tiles``)."""
+
+# Rows of ``a`` (by its kernel dtype) below which the walk runs these loops instead of BLAS (fp32)
+# or the widening walk (16-bit): where they were measured faster (docs/performance.md). bf16 in
+# pairs was faster at every M measured, to 4096.
+_LOOPS_BELOW = {np.dtype(np.float32): 96, np.dtype(np.int16): 128, np.dtype(np.uint16): 1 << 62}
+
+
+def use_loops(m: int, kernel_dtype) -> bool:
+    """Whether a walk with ``m`` rows of ``a`` of ``kernel_dtype`` (float32, uint16 = bf16, int16 =
+    fp16) runs the decode loops by default; the counts are the walk's either way."""
+    return m < _LOOPS_BELOW.get(np.dtype(kernel_dtype), SKINNY_M)
+
 
 # Weight rows the decode path streams together over the whole of K (gemv_rows walks them as two
 # 4-row register blocks per kL1 step): 8 line streams in flight instead of 4. Same bits.

@@ -13,7 +13,7 @@ from .. import tile
 from ..plan import ITEMSIZE, KernelPlan, cube_tiles
 from ..profile import HardwareProfile, load_profile
 from .blas import _ONE_F32_BITS, ARG_SLOTS, dynamic_tasks, single_thread_blas
-from .decode import SKINNY_M
+from .decode import use_loops
 from .walk import matmul_nt_kernel
 
 GROUP_EDGE = 1024
@@ -185,10 +185,10 @@ def run_walk(
     """Run :func:`matmul_nt_kernel` on 2-D kernel views with a walk's tiles; returns its counters.
 
     ``bias_k`` is a 1-D kernel view or None; ``skinny`` forces (True) or forbids (False) the
-    hand-written decode loops (default: ``M < SKINNY_M``); ``merge_k`` issues the kL0 steps of
+    hand-written decode loops (default: :func:`.decode.use_loops`); ``merge_k`` issues the kL0 steps of
     one kL1 chunk as one BLAS call (default) instead of one call per kL0 step (same counts, same
     fp32 accumulation; only the order of the fp32 additions inside the chunk differs); ``group``
-    (fp32 with ``merge_k``, ``M >= SKINNY_M`` only) runs groups of walk blocks as one BLAS call of about
+    (fp32 with ``merge_k``, not with the decode loops) runs groups of walk blocks as one BLAS call of about
     ``GROUP_EDGE`` x ``GROUP_EDGE`` outputs (same counts, per block); ``scale_k``: None, or a
     contiguous float32 ``[M]`` scale per output row, applied to the fp32 accumulator before the
     bias (``out = round(scale[:, None] * acc + bias)``).
@@ -211,8 +211,7 @@ def run_walk(
     else:
         scale_k = np.zeros(1, np.float32)
     if skinny is None:
-        m = a_k.shape[0]
-        skinny = m < SKINNY_M
+        skinny = use_loops(a_k.shape[0], a_k.dtype)
     skinny = bool(skinny)
     if skinny and a_k.dtype == np.float32 and tile.address(a_k) % tile.ALIGN:
         # decode reads fp32 rows of a in place, with every 64-byte vector load of them split
@@ -224,7 +223,7 @@ def run_walk(
     gm = gn = 1
     # prefill only: a decode-shaped gemm (a few rows) is forwarded to gemv by OpenBLAS, and
     # wider calls made it slower
-    if a_k.dtype == np.float32 and merge_k and not skinny and group and a_k.shape[0] >= SKINNY_M:
+    if a_k.dtype == np.float32 and merge_k and not skinny and group:
         gm, gn = _groups(a_k.shape[0], b_k.shape[0], p["m1"], p["n1"], numba.config.NUMBA_NUM_THREADS)
     work = scratch(p["m1"] * gm, p["k1"], p["n1"] * gn, p["k0"], a_k.dtype == np.float32, skinny, k=a_k.shape[1])
     with single_thread_blas(), dynamic_tasks():

@@ -1,7 +1,7 @@
 """The cube walk on the CPU: :func:`matmul_nt_kernel`, one tile task per output block.
 
 Each task (:func:`walk_task`) zeroes its L0C tiles, runs the kL1 steps by one of three paths
-(the decode loops of :mod:`.decode` for ``M < SKINNY_M``, one BLAS call per block for fp32, or
+(the decode loops of :mod:`.decode` for few rows of ``a``, one BLAS call per block for fp32, or
 16-bit operands widened into L1 scratch then BLAS per kL1 chunk or per L0 step), and ends with
 the :func:`~.epilogue.epilogue` (row scale, bias, one rounding). fp32 prefill may instead run groups of
 blocks as one BLAS call (:func:`group_task`). Counts are the walk's in every path.
