@@ -32,7 +32,9 @@ import numpy as np
 from pypto_numba import attention
 from pypto_numba.errors import TileError
 
-from ._common import copy_peer, heavy, median_ratio, sum_peer, to_torch, torch_or_none
+from ._common import (  # noqa: F401 (rounds: read by asv)
+    copy_peer, heavy, median_ratio, sum_peer, to_torch, torch_or_none, rounds,
+)
 
 NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
 HQ, HKV, D = 32, 8, 128

@@ -28,7 +28,9 @@ import numpy as np
 
 from pypto_numba import embedding
 
-from ._common import copy_peer, median_ratio, to_torch, torch_or_none
+from ._common import (  # noqa: F401 (rounds: read by asv)
+    copy_peer, median_ratio, to_torch, torch_or_none, rounds,
+)
 
 V, H = 151936, 2048
 IDS = (8, 2048)

@@ -24,7 +24,9 @@ import numpy as np
 
 from pypto_numba import gelu
 
-from ._common import M64, compile_seconds, heavy, copy_peer, median_ratio, median_seconds, to_torch, torch_or_none
+from ._common import (  # noqa: F401 (rounds: read by asv)
+    M64, compile_seconds, heavy, copy_peer, median_ratio, median_seconds, to_torch, torch_or_none, rounds,
+)
 
 N = M64  # 64M elements: 256 MB fp32 in + 256 MB out; setup ~2-4 s on 2 cores
 NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}

@@ -19,7 +19,7 @@ import numpy as np
 from pypto_numba import layers
 from pypto_numba.machine import dtypes
 
-from ._common import heavy, median_ratio, to_torch, torch_or_none
+from ._common import heavy, median_ratio, to_torch, torch_or_none, rounds  # noqa: F401 (rounds: read by asv)
 
 MODEL = {"name": "qwen3-1.7b", "overrides": {}}  # a smoke test may shrink it
 DTYPES = ["fp32", "bf16"]

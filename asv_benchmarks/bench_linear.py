@@ -31,7 +31,9 @@ import numpy as np
 
 from pypto_numba import linear
 
-from ._common import copy_peer, median_ratio, sum_peer, to_torch, torch_or_none, unpinned
+from ._common import (  # noqa: F401 (rounds: read by asv)
+    copy_peer, median_ratio, sum_peer, to_torch, torch_or_none, unpinned, rounds,
+)
 
 K = N = 4096
 NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}

@@ -20,7 +20,9 @@ import numpy as np
 
 from pypto_numba import rmsnorm
 
-from ._common import copy_peer, median_ratio, to_torch, torch_or_none
+from ._common import (  # noqa: F401 (rounds: read by asv)
+    copy_peer, median_ratio, to_torch, torch_or_none, rounds,
+)
 
 NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
 STRATEGIES = ["plain", "fused_add"]

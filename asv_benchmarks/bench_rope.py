@@ -32,7 +32,9 @@ import numpy as np
 from pypto_numba import rope
 from pypto_numba.machine.tile import aligned_empty
 
-from ._common import copy_peer, median_ratio, median_seconds, to_torch, torch_or_none
+from ._common import (  # noqa: F401 (rounds: read by asv)
+    copy_peer, median_ratio, median_seconds, to_torch, torch_or_none, rounds,
+)
 
 S, H, D = 4096, 32, 128  # 16M elements: 64 MiB fp32 per tensor; setup ~1-3 s (warm cache)
 NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}

@@ -23,7 +23,9 @@ import numpy as np
 from pypto_numba import softmax
 from pypto_numba.errors import TileError
 
-from ._common import copy_peer, median_ratio, to_torch, torch_or_none
+from ._common import (  # noqa: F401 (rounds: read by asv)
+    copy_peer, median_ratio, to_torch, torch_or_none, rounds,
+)
 
 NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
 SHAPES = {"rows": (8192, 4096), "vocab": (64, 151936)}
