@@ -53,3 +53,25 @@ def _host_has_bf16_dot() -> bool:
 # The VDPBF16PS form of the bf16 pairs blocks runs only where the CPU has AVX512_BF16.
 needs_avx512_bf16 = pytest.mark.skipif(not _host_has_bf16_dot(),
                                        reason="needs AVX512_BF16 (VDPBF16PS), which this CPU lacks")
+
+
+def torch_copy(a):
+    """A torch tensor holding a copy of NumPy array ``a``'s bits (bf16 through int16; torch is
+    imported only here, by the torch tests)."""
+    import torch
+
+    a = np.ascontiguousarray(a)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def bits_of(x):
+    """(bytes, shape) of a NumPy array or a torch tensor, for bit-for-bit comparisons of either."""
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        x = x.contiguous()
+        x = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+        return x.numpy().tobytes(), tuple(x.shape)
+    return np.ascontiguousarray(x).tobytes(), tuple(np.shape(x))

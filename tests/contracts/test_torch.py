@@ -17,30 +17,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is optional; the torch interop tests need it")
 
 from helpers import NP_DTYPE, make
+from helpers import bits_of as bits, torch_copy as tt
 
 import pypto_numba as pn
 from pypto_numba import interop
 from pypto_numba.errors import DTypeError
 
 TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def tt(a):
-    """A torch tensor holding a copy of NumPy array ``a``'s bits (bf16 through int16)."""
-    a = np.ascontiguousarray(a)
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
-
-
-def bits(x):
-    """The bytes of an array or tensor (a tensor through interop's own view is not used here)."""
-    if isinstance(x, torch.Tensor):
-        x = x.contiguous()
-        if x.dtype == torch.bfloat16:
-            x = x.view(torch.int16)
-        return x.numpy().tobytes(), str(tuple(x.shape))
-    return np.ascontiguousarray(x).tobytes(), str(tuple(x.shape))
 
 
 def np_to_torch_dtype(d):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import bits_of as bits, torch_copy as tt
+
 torch = pytest.importorskip("torch", reason="torch is optional; the torch layer tests need it")
 
 import pypto_numba as pn
@@ -21,22 +23,6 @@ CFG = layers.config("qwen3-1.7b", hidden_size=64, num_attention_heads=4, num_key
 MOE = layers.config("deepseek-v3", hidden_size=128, n_routed_experts=8, n_group=4, topk_group=2,
                     num_experts_per_tok=3, moe_intermediate_size=64)
 TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def tt(a):
-    """A torch tensor holding a copy of NumPy array ``a``'s bits (bf16 through int16)."""
-    a = np.ascontiguousarray(a)
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
-
-
-def bits(x):
-    if isinstance(x, torch.Tensor):
-        x = x.contiguous()
-        x = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
-        return x.numpy().tobytes(), tuple(x.shape)
-    return np.ascontiguousarray(x).tobytes(), x.shape
 
 
 @pytest.fixture

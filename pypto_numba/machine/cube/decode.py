@@ -33,8 +33,7 @@ SKINNY_M = 16
 tiles, ``linear_decode_cube_tiles``)."""
 
 # Rows of ``a`` (by its kernel dtype) below which the walk runs these loops instead of BLAS (fp32)
-# or the widening walk (16-bit): where they were measured faster (docs/performance.md). bf16 in
-# pairs was faster at every M measured, to 4096.
+# or the widening walk (16-bit); bf16 (in pairs) always. Why these: docs/performance.md.
 _LOOPS_BELOW = {np.dtype(np.float32): 96, np.dtype(np.int16): 128, np.dtype(np.uint16): 1 << 62}
 
 
