@@ -26,13 +26,17 @@ Ratios: ``median_ratio(fn_a, fn_b, repeats=7)`` alternates a, b, a, b, ... (or b
 
 ``to_torch(torch, a)``: zero-copy torch tensor of a float32/float16/bfloat16 array (same dtype).
 
+Imports run no kernel: asv.conf.json's ``launch_method = forkserver`` forks every benchmark from
+one process that imported the suite, which is safe only while no OpenMP thread pool exists there.
+Start kernels in ``setup``, never at module level.
+
 torch is imported when this module is (if installed), before any numba kernel runs. An earlier
 host ran torch 2.5-10x slower when it was imported after numba's first parallel launch (two
 OpenMP runtimes); ``tools/import_order.py`` finds no such effect on this one (README), but the
 peers keep the safe order.
 
-Heavy set: ``@heavy`` marks a benchmark class (named ``Heavy...``) that the default suite skips
-(its setup raises NotImplementedError, asv's "skipped") unless ``PYPTO_NUMBA_BENCH_HEAVY=1``:
+Heavy set: ``@heavy`` marks a benchmark class (named ``Heavy...``) that the default suite does not
+contain (asv does not discover it) unless ``PYPTO_NUMBA_BENCH_HEAVY=1``:
 large sweeps and compile times. Run them with
 ``PYPTO_NUMBA_BENCH_HEAVY=1 asv run --bench Heavy``.
 
@@ -122,8 +126,18 @@ def _f32_elems(nbytes: int) -> int:
     return max(1, int(nbytes) // 4)
 
 
+SMOKE_ENV = "PYPTO_NUMBA_BENCH_SMOKE"
+"""``PYPTO_NUMBA_BENCH_SMOKE=1`` (CI's ``asv run --quick``): the peers and ratios time one run per
+side instead of ``repeats``, so every benchmark runs its code once; the figures are then noise."""
+
+
+def _repeats(repeats: int) -> int:
+    return 1 if os.environ.get(SMOKE_ENV) == "1" else repeats
+
+
 def median_seconds(fn, repeats: int = 7) -> float:
     """Median wall time of ``fn()`` over ``repeats`` calls (call it once before to warm up)."""
+    repeats = _repeats(repeats)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -148,7 +162,7 @@ def median_ratio(fn_a, fn_b, repeats: int = 7, block: int = 1) -> float:
     fn_a()
     fn_b()
     ta, tb = [], []
-    for _ in range(repeats):
+    for _ in range(_repeats(repeats)):
         for fn, times in ((fn_a, ta), (fn_b, tb)):
             for _ in range(block):
                 t0 = time.perf_counter()
@@ -201,25 +215,10 @@ def sum_gbps(nbytes: int, repeats: int = 7) -> float:
 
 
 def heavy(cls):
-    """Class decorator: ``cls`` belongs to the heavy set (see the module docstring). Its
-    ``setup_cache`` (if any) does nothing and its ``setup`` skips, unless the set is asked for."""
-    setup = getattr(cls, "setup", None)
-    setup_cache = getattr(cls, "setup_cache", None)
-
-    def gated(self, *args):
-        if os.environ.get(HEAVY_ENV) != "1":
-            raise NotImplementedError(f"heavy benchmark: set {HEAVY_ENV}=1 to run it")
-        if setup is not None:
-            setup(self, *args)
-
-    cls.setup = gated
-    if setup_cache is not None:
-        def gated_cache(self):
-            return setup_cache(self) if os.environ.get(HEAVY_ENV) == "1" else None
-
-        gated_cache.__name__ = "setup_cache"
-        cls.setup_cache = gated_cache
-    return cls
+    """Class decorator: ``cls`` belongs to the heavy set (see the module docstring). Unless the set
+    is asked for, the module holds ``None`` in its place, so asv does not discover it at all (a
+    skipping setup would still cost one process per parameter point)."""
+    return cls if os.environ.get(HEAVY_ENV) == "1" else None
 
 
 def unpinned(module: str, function: str, *args, timeout: float = 1800.0) -> float:

@@ -93,7 +93,7 @@ class AttentionDecodeTime:
     param_names = ["strategy", "dtype", "B", "Skv"]
     timeout = 600
     number = 1
-    repeat = (3, 10, 30.0)
+    repeat = (3, 5, 10.0)
 
     def setup(self, strategy, dtype, B, Skv):
         fn = getattr(attention, strategy)

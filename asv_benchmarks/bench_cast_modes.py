@@ -31,7 +31,7 @@ class CastModeGelu:
     param_names = ["mode"]
     timeout = 300
     number = 1
-    repeat = (3, 10, 30.0)
+    repeat = (3, 5, 10.0)
 
     def setup(self, mode):
         self.x = _data()

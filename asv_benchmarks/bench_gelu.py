@@ -45,7 +45,7 @@ class GeluTime:
     param_names = ["strategy", "dtype"]
     timeout = 300
     number = 1
-    repeat = (3, 10, 30.0)
+    repeat = (3, 5, 10.0)
 
     def setup(self, strategy, dtype):
         self.x = _data(dtype)

@@ -113,10 +113,10 @@ class Qwen3DecodeLayerTrack(_LayerTrack):
 
 
 @heavy
-class Qwen3PrefillLayer(_Layer):
+class HeavyQwen3PrefillLayer(_Layer):
     phase = "prefill"
 
 
 @heavy
-class Qwen3PrefillLayerTrack(_LayerTrack):
+class HeavyQwen3PrefillLayerTrack(_LayerTrack):
     phase = "prefill"

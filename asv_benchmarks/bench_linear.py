@@ -54,7 +54,7 @@ class LinearTime:
     param_names = ["strategy", "dtype", "m"]
     timeout = 600
     number = 1
-    repeat = (3, 10, 30.0)
+    repeat = (3, 5, 10.0)
 
     def setup(self, strategy, dtype, m):
         self.x, self.w, self.b = _data(m, dtype)

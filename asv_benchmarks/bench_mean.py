@@ -49,7 +49,7 @@ class MeanTime:
     param_names = ["layout", "dtype"]
     timeout = 300
     number = 1
-    repeat = (3, 10, 30.0)
+    repeat = (3, 5, 10.0)
 
     def setup(self, layout, dtype):
         self.x, self.dim = _data(layout, dtype)

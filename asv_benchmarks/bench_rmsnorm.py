@@ -61,7 +61,7 @@ class RmsnormTime:
     param_names = ["strategy", "dtype", "shape"]
     timeout = 300
     number = 1
-    repeat = (3, 20, 20.0)
+    repeat = (3, 5, 10.0)
 
     def setup(self, strategy, dtype, shape):
         self.run = _ours(strategy, *_data(_shape(shape), dtype))

@@ -56,7 +56,7 @@ class SoftmaxTime:
     param_names = ["strategy", "dtype", "shape"]
     timeout = 300
     number = 1
-    repeat = (3, 10, 30.0)
+    repeat = (3, 5, 10.0)
 
     def setup(self, strategy, dtype, shape):
         _setup(self, strategy, dtype, shape)

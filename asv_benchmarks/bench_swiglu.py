@@ -60,7 +60,7 @@ class SwigluTime:
     param_names = ["strategy", "dtype", "shape"]
     timeout = 300
     number = 1
-    repeat = (3, 20, 20.0)
+    repeat = (3, 5, 10.0)
 
     def setup(self, strategy, dtype, shape):
         _setup(self, strategy, dtype, shape)
@@ -126,7 +126,7 @@ class SwigluEpilogueTime:
     param_names = ["dtype", "shape"]
     timeout = 600
     number = 1
-    repeat = (3, 10, 30.0)
+    repeat = (3, 5, 10.0)
 
     def setup(self, dtype, shape):
         _setup_epilogue(self, dtype, shape)
