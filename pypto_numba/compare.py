@@ -31,6 +31,7 @@ from .exact import exact_active
 from .lab.spec import OpSpec, Variant  # noqa: F401  (Variant: compare's row type, re-exported)
 from .machine import dtypes
 from .machine.cost import MODELS, Cost
+from .machine.profile import resolve_cast_mode, use_cast_mode
 from .strategy import spec as op_spec
 from .strategy import trace
 
@@ -308,7 +309,9 @@ def compare(
         scores = refs[len(outs)] if len(refs) > len(outs) else None  # selection scores: tie-aware ids
         row.precision = [precision.evaluate(o, r, run_dtype, policy, rtol, atol, scores=scores)
                          for o, r in zip(outs, refs)]
-        mref = variant.reference(*inputs, mirror=True, profile=profile, **options)  # profile: its plan's tiles
+        with use_cast_mode(resolve_cast_mode(options.get("cast_mode"), profile, "compare").name):
+            # profile: its plan's tiles; the mode: the one the strategy's vector casts used
+            mref = variant.reference(*inputs, mirror=True, profile=profile, **options)
         mrefs = mref if isinstance(mref, tuple) else (mref,)
         row.mirror = [precision.mirror_check(o, r, _out_dtype(o, dtype)) for o, r in zip(outs, mrefs)]
         row.cost = sum((r.cost for r in t.records), Cost())

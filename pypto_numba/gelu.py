@@ -406,7 +406,7 @@ def _mirror(x, strategy, math="fp32"):
     if math != "storage":
         return to_storage(_reference_erf(x) if strategy == "erf" else _reference_tanh(x), dt)
     v = f64(x)
-    r = lambda a: to_storage(a, dt)  # noqa: E731
+    r = lambda a: to_storage(a, dt, "rint")  # noqa: E731 (bf16/fp16 arithmetic: nearest even)
     with np.errstate(invalid="ignore", over="ignore"):
         if strategy == "erf":
             u = r(special.erf(r(v * np.float32(INV_SQRT2))))

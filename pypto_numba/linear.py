@@ -265,7 +265,7 @@ def _run(strategy, x, weight, bias, profile, cube_tiles, cast_mode=None, row_sca
     arrays = (x, weight, bias) if row_scale is None else (x, weight, bias, row_scale)  # the default's key as before
     key = _CALLS.key(profile, arrays, (strategy, cube_tiles))
     c, arrays, copied = _CALLS.through(key, _prepare, strategy, x, weight, bias, row_scale, profile, cube_tiles)
-    cm = resolve_cast_mode(cast_mode, profile, f"linear.{strategy}") if c.dtype != "fp32" else dtypes.RINT
+    cm = resolve_cast_mode(cast_mode, profile, f"linear.{strategy}", narrows=c.dtype != "fp32")
     if arrays is not None:
         x, weight, bias, row_scale = arrays
     # the kernels, on contiguous arrays of the call's signature
@@ -473,7 +473,8 @@ def _reference_linear(x, weight, bias=None):
 
 def _mirror_linear(x, weight, bias=None, strategy="fused_bias", mirror=False):
     """The reference, or with ``mirror=True`` rounded where the strategy narrows: ``matmul_add``
-    rounds the product, then the sum with the bias; ``fused_bias`` once (lab/spec.py mirrors)."""
+    rounds the product (FIXPIPE: rint), then the sum with the bias (the vector cast: the mode in
+    force); ``fused_bias`` once, by FIXPIPE (lab/spec.py mirrors)."""
     from .lab.spec import storage_of, to_storage
 
     if not mirror:
@@ -482,8 +483,8 @@ def _mirror_linear(x, weight, bias=None, strategy="fused_bias", mirror=False):
     if strategy == "matmul_add" and bias is not None:
         from .reference import f64
 
-        return to_storage(to_storage(_reference_linear(x, weight), dt) + f64(bias), dt)
-    return to_storage(_reference_linear(x, weight, bias), dt)
+        return to_storage(to_storage(_reference_linear(x, weight), dt, "rint") + f64(bias), dt)
+    return to_storage(_reference_linear(x, weight, bias), dt, "rint")
 
 
 def _lab_inputs(shape, dtype, rng):

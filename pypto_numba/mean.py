@@ -422,7 +422,7 @@ def sum_div(x, dim=-1, keepdim=False, *, profile=None, row_tile=None, rows_per_t
     bf16/fp16 cast (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint).
     """
     xt = inputs.tensor(x, "x", WHERE)
-    cm = resolve_cast_mode(cast_mode, profile, WHERE) if xt.dtype != "fp32" else dtypes.RINT
+    cm = resolve_cast_mode(cast_mode, profile, WHERE, narrows=xt.dtype != "fp32")
     p = plan_sum_div(xt.shape, xt.dtype, dim=dim, keepdim=keepdim, profile=profile, row_tile=row_tile,
                      rows_per_task=rows_per_task, inner_tile=inner_tile, split=split)
     prm = p.params

@@ -461,7 +461,7 @@ def _run(strategy, x, mask, scale, profile, row_tile, col_tile=None, cast_mode=N
     where = f"softmax.{strategy}"
     xt = inputs.tensor(x, "x", where)
     _check_scale(where, scale)
-    cm = resolve_cast_mode(cast_mode, profile, where) if xt.dtype != "fp32" else dtypes.RINT
+    cm = resolve_cast_mode(cast_mode, profile, where, narrows=xt.dtype != "fp32")
     has_mask = mask is not None
     if strategy == "whole_row":
         p = plan_whole_row(xt.shape, xt.dtype, has_mask=has_mask, scale=scale, profile=profile, row_tile=row_tile)

@@ -402,7 +402,7 @@ def _launch(c, x, up, out, copied, cm):
 def _call(kind, x, up, limit, profile, tile, out, cast_mode):
     key = _CALLS.key(profile, (x, up, out), (kind, limit, tile))
     c, arrays, copied = _CALLS.through(key, _prepare, kind, x, up, limit, profile, tile, out)
-    cm = resolve_cast_mode(cast_mode, profile, c.where) if c.dtype != "fp32" else dtypes.RINT
+    cm = resolve_cast_mode(cast_mode, profile, c.where, narrows=c.dtype != "fp32")
     return _launch(c, *(arrays or (x, up)), out, copied, cm)
 
 

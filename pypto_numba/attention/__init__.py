@@ -253,7 +253,7 @@ def _mirror_attention(q, k, v, kv_tile, pv="storage", scale=None, causal=False, 
         out = np.where((l > 0) | np.isnan(l), out, 0.0)
     if layout == "bshd":
         out = out.transpose(0, 2, 1, 3)
-    out = to_storage(out, dt, None if kv_tile is None else cast_mode)
+    out = to_storage(out, dt, "rint" if kv_tile is None else cast_mode)  # standard: FIXPIPE
     if return_lse:
         _, lse = _reference_attention(q, k, v, scale, causal, kv_len, mask, True, window, softcap, sinks, layout)
         return out, to_storage(lse, "fp32")

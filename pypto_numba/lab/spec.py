@@ -93,8 +93,13 @@ class Variant:
 # ``mirror`` itself (``@mirrors``) and rounds with :func:`to_storage`.
 
 def to_storage(x, dtype: str, mode=None) -> np.ndarray:
-    """``x`` rounded to storage dtype ``dtype`` (via float32, then by cast mode ``mode``, None: rint,
-    nearest even, as the kernels narrow), back in float64. The one rounding call of every mirror."""
+    """``x`` rounded to storage dtype ``dtype`` (via float32, then by cast mode ``mode``; None: the
+    mode in force, ``use_cast_mode`` / ``$PYPTO_NUMBA_CAST_MODE`` / the default profile's, as a
+    strategy's vector casts narrow; a FIXPIPE cast passes ``"rint"``), back in float64. The one
+    rounding call of every mirror; compare runs a mirror under its strategy's resolved mode."""
+    from ..machine.profile import resolve_cast_mode
+
+    mode = resolve_cast_mode(None, None, "mirror") if mode is None else mode
     x = np.asarray(x, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         return dtypes.to_float32(dtypes.from_float32(x.astype(np.float32), dtype, mode)).astype(np.float64)

@@ -362,20 +362,24 @@ class use_profile:
 _CAST_MODE: contextvars.ContextVar = contextvars.ContextVar("pypto_numba_cast_mode", default=None)
 
 
-def resolve_cast_mode(cast_mode=None, profile=None, where: str = None):
+def resolve_cast_mode(cast_mode=None, profile=None, where: str = None, narrows: bool = True):
     """The :class:`~.dtypes.CastMode` a strategy narrows with: ``cast_mode`` if given, else the
     innermost ``use_cast_mode``, else ``$PYPTO_NUMBA_CAST_MODE``, else the profile's default. An
-    unknown name raises ``CastModeError`` listing the modes (prefixed ``where:``)."""
-    from .dtypes import cast_mode as _mode
+    unknown name raises ``CastModeError`` listing the modes (prefixed ``where:``), whatever the
+    dtype. ``narrows=False`` (an fp32 call): the name is still checked, and rint is returned, so
+    such a call keeps the kernel it always had."""
+    from .dtypes import RINT, cast_mode as _mode
 
     if cast_mode is None:
         cast_mode = _CAST_MODE.get()
     if cast_mode is None:
         env = os.environ.get(CAST_MODE_ENV_VAR)
         if env:
-            return _mode(env, f"${CAST_MODE_ENV_VAR}")
+            mode = _mode(env, f"${CAST_MODE_ENV_VAR}")
+            return mode if narrows else RINT
         cast_mode = load_profile(profile).cast_mode
-    return _mode(cast_mode, where)
+    mode = _mode(cast_mode, where)
+    return mode if narrows else RINT
 
 
 class use_cast_mode:

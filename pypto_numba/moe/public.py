@@ -123,7 +123,7 @@ def combine(expert_out, weights, *, profile=None, token_tile=None, h_tile=None, 
     p = plan_combine(xt.shape, xt.dtype, weights_dtype=wt.dtype, profile=profile, token_tile=token_tile,
                      h_tile=h_tile)
     w32 = wt.array if wt.dtype == "fp32" else dtypes.to_float32(wt.array)
-    cm = resolve_cast_mode(cast_mode, profile, where) if xt.dtype != "fp32" else dtypes.RINT
+    cm = resolve_cast_mode(cast_mode, profile, where, narrows=xt.dtype != "fp32")
     out, out_k = dtypes.empty((xt.shape[0], xt.shape[2]), xt.dtype)
     with Launch(p, [xt.shape, wt.shape]) as run:
         run.count(

@@ -104,7 +104,7 @@ def _call(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out,
     c, arrays, copied = _CALLS.through(key, _prepare, kind, x, residual, weight, eps, offset, inv, profile,
                                        token_tile, out)
     narrows = c.dtype != "fp32" or c.rdtype not in (None, "fp32")
-    cm = resolve_cast_mode(cast_mode, profile, c.where) if narrows else dtypes.RINT
+    cm = resolve_cast_mode(cast_mode, profile, c.where, narrows)
     return _launch(c, *(arrays or (x, residual, weight)), out, copied, cm)
 
 

@@ -42,9 +42,13 @@ def _make(shape, dtype, rng):
 def _add_then_plain(x, r, w, **o):
     """The unfused pair: an add (fp32, rounded to the residual's dtype), then plain. The add runs
     in NumPy, so the row's counted cost is plain's alone (an add kernel would add its launch and
-    N*D*(bx + 2*br) bytes)."""
+    N*D*(bx + 2*br) bytes). The last cast to x's dtype rounds by the call's cast mode."""
+    from ..machine import dtypes
+    from ..machine.profile import resolve_cast_mode
+
     new = (r.astype(np.float32) + x.astype(np.float32)).astype(r.dtype)
-    return plain(new, w, **o).astype(x.dtype)
+    mode = resolve_cast_mode(o.get("cast_mode"), o.get("profile"), "rmsnorm.numpy_add+plain")
+    return dtypes.from_float32(plain(new, w, **o), dtypes.storage_name(x.dtype), mode)
 
 
 def _variants():

@@ -84,7 +84,7 @@ def _call(kind, x, weight, cos, sin, eps, profile, token_tile, out, cast_mode=No
     call had the same one, else from the full validation (which then keeps it)."""
     key = _CALLS.key(profile, (x, weight, cos, sin, out), (kind, eps, token_tile))
     c, arrays, copied = _CALLS.through(key, _prepare, kind, x, weight, cos, sin, eps, profile, token_tile, out)
-    cm = resolve_cast_mode(cast_mode, profile, c.where) if c.dtype != "fp32" else dtypes.RINT
+    cm = resolve_cast_mode(cast_mode, profile, c.where, narrows=c.dtype != "fp32")
     return _launch(c, *(arrays or (x, weight, cos, sin)), out, copied, cm)
 
 

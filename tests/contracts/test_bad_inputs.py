@@ -1051,6 +1051,8 @@ _xb = np.ones((4, 32), BF16)
 _cs = rope.cos_sin(np.arange(4), 32, dtype=BF16)
 _ci = rope.cos_sin(np.arange(4), 32, dtype=BF16, layout="interleaved")
 _x4 = np.ones((4, 2, 32), BF16)
+_xf = np.ones((4, 32), F32)
+_csf = rope.cos_sin(np.arange(4), 32, dtype=F32)
 for _cid, _call in (
     ("gelu.tanh", lambda: gelu.tanh(_xb, cast_mode="nearest")),
     ("gelu.erf", lambda: gelu.erf(_xb, cast_mode="nearest")),
@@ -1079,6 +1081,14 @@ for _cid, _call in (
     ("attention.online", lambda: attention.online(_x4[None], _x4[None], _x4[None], cast_mode="nearest")),
     ("attention.flash", lambda: attention.flash(_x4[None], _x4[None], _x4[None], cast_mode="nearest")),
     ("attention.flash-fp32", lambda: attention.flash(Q, K, V, cast_mode="nearest")),
+    # fp32 calls never narrow, yet a bad mode name is still refused (not silently ignored)
+    ("swiglu.fused-fp32", lambda: swiglu.fused(_xf, cast_mode="nearest")),
+    ("softmax.online-fp32", lambda: softmax.online(_xf, cast_mode="nearest")),
+    ("mean.sum_div-fp32", lambda: mean.sum_div(_xf, cast_mode="nearest")),
+    ("rmsnorm.plain-fp32", lambda: rmsnorm.plain(_xf, _xf[0], cast_mode="nearest")),
+    ("rope.standard-fp32", lambda: rope.standard(_x4.astype(F32), *_csf, cast_mode="nearest")),
+    ("linear.matmul_add-fp32", lambda: linear.matmul_add(_xf, _xf, cast_mode="nearest")),
+    ("moe.combine-fp32", lambda: moe.combine(np.ones((4, 2, 32), F32), np.ones((4, 2), F32), cast_mode="nearest")),
     ("attention.online-paged", lambda: attention.online(_PQ, _PKC, _PVC, block_table=_PT, kv_len=_PL, cast_mode="nearest")),
     ("attention.flash-paged", lambda: attention.flash(_PQ, _PKC, _PVC, block_table=_PT, kv_len=_PL, cast_mode="nearest")),
     ("attention.write_kv", lambda: attention.write_kv(*_WK, _WN, _WN, np.array([0, 1]), cast_mode="nearest")),

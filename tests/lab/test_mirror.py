@@ -191,3 +191,39 @@ def test_attention_mirror_bshd_and_bool_mask():
               compare.compare("attention", q, k, v, mask=np.random.default_rng(0).random((1, 1, 5, 77)) > 0.3,
                               repeats=1)):
         assert all(m.ok for r in c.rows for m in r.mirror), c.to_table()
+
+
+def _off(out, ref):
+    return np.count_nonzero(np.asarray(out, np.float64) != ref)
+
+
+@pytest.mark.parametrize("op", ["gelu", "mean", "rmsnorm", "softmax", "swiglu", "rope", "linear"])
+def test_mirror_follows_the_cast_mode(op):
+    """Under cast_mode="trunc" the mirror truncates where the strategy's vector casts do and keeps
+    rint where the cube's FIXPIPE narrows (fused_bias; matmul_add's product): it then matches the
+    kernel at far more points than a mirror that rounds to nearest everywhere."""
+    from pypto_numba import use_cast_mode
+
+    ins = _inputs(op, "bf16")
+    for v in spec(op).rows():
+        out = v.call(*ins, cast_mode="trunc")
+        outs = out if isinstance(out, tuple) else (out,)
+        with use_cast_mode("trunc"):
+            follow = v.reference(*ins, mirror=True)
+        nearest = v.reference(*ins, mirror=True)
+        follow, nearest = (r if isinstance(r, tuple) else (r,) for r in (follow, nearest))
+        for o, f, n in zip(outs, follow, nearest):
+            assert precision.mirror_check(o, f, "bf16").ok, (op, v.label)
+            if (op, v.label) == ("linear", "fused_bias"):
+                assert np.array_equal(f, n)  # FIXPIPE rounds to nearest whatever the mode
+            else:
+                assert _off(o, f) * 4 < _off(o, n), (op, v.label, _off(o, f), _off(o, n))
+
+
+def test_compare_mirror_runs_under_the_strategy_mode():
+    """compare(..., cast_mode=) judges each strategy against a mirror in that same mode."""
+    x = _inputs("softmax", "bf16")[0]
+    c = compare.compare("softmax", x, repeats=1, cast_mode="trunc")
+    assert all(m.ok and m.frac_1ulp == 0 for r in c.rows for m in r.mirror), c.to_table()
+    with pytest.raises(dtypes.CastModeError):
+        compare.compare("softmax", x, repeats=1, cast_mode="nearest")
