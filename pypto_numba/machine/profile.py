@@ -372,13 +372,11 @@ def resolve_cast_mode(cast_mode=None, profile=None, where: str = None, narrows: 
 
     if cast_mode is None:
         cast_mode = _CAST_MODE.get()
-    if cast_mode is None:
-        env = os.environ.get(CAST_MODE_ENV_VAR)
-        if env:
-            mode = _mode(env, f"${CAST_MODE_ENV_VAR}")
-            return mode if narrows else RINT
-        cast_mode = load_profile(profile).cast_mode
-    mode = _mode(cast_mode, where)
+    env = os.environ.get(CAST_MODE_ENV_VAR) if cast_mode is None else None
+    if env:
+        mode = _mode(env, f"${CAST_MODE_ENV_VAR}")
+    else:
+        mode = _mode(load_profile(profile).cast_mode if cast_mode is None else cast_mode, where)
     return mode if narrows else RINT
 
 
