@@ -35,6 +35,7 @@ from .flash import _combine_kernel, _split_tiles, plan_flash, run_tiles
 from .flash import scratch_layout as flash_scratch
 from .flash import state_layout
 from .online import _walked_tiles, plan_online
+from .paged_decode import decode_call, pages_touched
 from .online import scratch_layout as online_scratch
 from .tasks import group_task, query_group, query_tile
 from .tiles import (
@@ -109,16 +110,6 @@ def pack_tile(kb, n, width, kt):
     for j in range(np.uint64(n)):
         for d in range(np.uint64(D)):
             kt[d * uw + j] = dtypes.widen(kb[0, 0, j, d])
-
-
-@device
-def pages_touched(t0, t1, kv_tile, kvl, bs):
-    """Pages holding the keys below ``kvl`` of KV tiles ``[t0, t1)``."""
-    lo = t0 * kv_tile
-    hi = min(t1 * kv_tile, kvl)
-    if hi <= lo:
-        return 0
-    return (hi - 1) // bs - lo // bs + 1
 
 
 @device
@@ -533,9 +524,11 @@ def paged_call(strategy, q, k_cache, v_cache, *, block_table, kv_len, scale, cau
     nq = -(-a.Sq // qt)
     out, out_k = a.empty_out()
     kk, vk = a.k.kview, a.v.kview
-    kbuf, vbuf, ktbuf = _tile_buffers(kvt, a.D, a.Dv, kk.dtype, Rmax)
     msb, msh, msi, msj = a.mask_strides
     shapes = (a.q.shape, a.k.shape, a.v.shape)
+    if Rmax < GEMM_MIN_ROWS and kvt % 4 == 0:
+        return decode_call(strategy, p, a, table, bs, out, out_k, cm, return_lse)
+    kbuf, vbuf, ktbuf = _tile_buffers(kvt, a.D, a.Dv, kk.dtype, Rmax)
     if strategy == "flash":
         n_split = p.params["num_splits"]
         lse = np.empty((a.B, a.Hq, a.Sq), np.float32)
@@ -579,3 +572,4 @@ def paged_call(strategy, q, k_cache, v_cache, *, block_table, kv_len, scale, cau
         run.count(counted, workspace_bytes=p.kernels[0].workspace_bytes)
         run.workspace(a.copied_bytes)
     return out
+

@@ -99,6 +99,20 @@ def _flat_rows_impl(a):
     return lambda a: _storage_flat(a)
 
 
+def flat1d(a):
+    """``a``'s memory as a 1-D C array (the flat operand of :func:`key_row` offsets)."""
+    return np.lib.stride_tricks.as_strided(a, (a.size,), (a.itemsize,))
+
+
+@overload(flat1d, jit_options={"forceinline": True})
+def _flat1d_impl(a):
+    if not isinstance(a, types.Array):
+        return None
+    if a.layout == "C":
+        return lambda a: a.reshape(a.size)
+    return lambda a: _storage_flat(a)
+
+
 @kernel(boundscheck=False)
 def pack_keys_strided(k, width, kt):
     """tiles.packed_keys for a strided K view: the same K^T tiles, read by 4-D index."""

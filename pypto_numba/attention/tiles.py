@@ -53,7 +53,8 @@ from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(
 from ..machine.vmath import rowmax as vrowmax  # the vector unit's row max (skips NaN)
 from ..machine.vmath import softmax_exp_mode as vsoftmax_exp  # exp(s - m) -> P rounded by a cast mode, and its sum
 from ..machine.vmath import tanh as vtanh  # the vector unit's tanh (soft-capping)
-from .strided import flat_rows, key_row, pack_keys_strided, prefetch_key
+from .decode_tiles import pv_keys, scores_keys
+from .strided import flat1d, flat_rows, key_row, pack_keys_strided, prefetch_key
 
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows (prefill) use cube.outer_rows for QK^T and PV
 PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
@@ -108,9 +109,6 @@ def load_q_block(q, b, kvh, G, i0, qv, qf):
                 qf[base + d] = dtypes.widen(q[b, kvh * G + g, i0 + ii, d])
 
 
-# The decode loops below index with uint64 values only (the rules: see machine/jit.py).
-
-
 @device
 def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
     """s[r*n + j] = sum_d qf[r, d] * k[b, h, j0 + j, d] in fp32 (R rows, n keys); ``res``: 16 fp32
@@ -125,68 +123,19 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
         tile = (b * k.shape[1] + h) * ((k.shape[2] + ktw - 1) // ktw) + j0 // ktw  # packed tile index
         cube.outer_rows(s, 0, n, qf, 0, D, kt, np.uint64(tile) * np.uint64(D * ktw), ktw, R, n, D)
         return
-    # decode: blocks of 4 query rows x 4 keys (cube.dot4x4, the 16 sums reduced together) over the
-    # first whole vectors of D, the rest in plain code; leftover keys and rows below
-    ub = np.uint64(b)
-    uh = np.uint64(h)
-    uD = np.uint64(D)
-    un = np.uint64(n)
-    nv = uD // np.uint64(cube.DOT4X4_LANES)
-    dv = nv * np.uint64(cube.DOT4X4_LANES)
+    # decode (decode_tiles.py): blocks of 4 keys in order, then the last n % 4 keys
+    kf = flat1d(k)
     kbase, uks = key_row(k, b, h, j0)  # flat k[b, h, j0, 0], and the key stride (strided.py)
+    un = np.uint64(n)
     n4 = n - n % 4
-    n2 = n - n % 2
-    r = 0
-    while r + 4 <= R:
-        q0 = np.uint64(r * D)
-        s0 = np.uint64(r * n)
-        for jj in range(0, n4, 4):
-            if r == 0:
-                for e in range(4):
-                    prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS + e)
-            j = np.uint64(jj)
-            kj = kbase + j * uks
-            cube.dot4x4(qf, q0, uD, k, kj, uks, nv, res)
-            for i in range(np.uint64(4)):
-                qi = q0 + i * uD
-                for e in range(np.uint64(4)):
-                    acc = res[i * np.uint64(4) + e]
-                    for d in range(dv, uD):  # the D % DOT4X4_LANES rest
-                        acc += qf[qi + d] * dtypes.widen(k[ub, uh, np.uint64(j0) + j + e, d])
-                    s[s0 + i * un + j + e] = acc
-        for jj in range(n4, n):
-            ja = np.uint64(j0 + jj)
-            for i in range(np.uint64(4)):
-                qi = q0 + i * uD
-                acc = np.float32(0.0)
-                for d in range(uD):
-                    acc += qf[qi + d] * dtypes.widen(k[ub, uh, ja, d])
-                s[s0 + i * un + np.uint64(jj)] = acc
-        r += 4
-    while r < R:
-        q0 = np.uint64(r * D)
-        s0 = np.uint64(r * n)
-        for jj in range(0, n2, 2):
-            if r == 0:  # R < 4: this row leads
-                prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS)
-                prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS + 1)
-            ja = np.uint64(j0 + jj)
-            jb = ja + np.uint64(1)
-            a0 = np.float32(0.0)
-            c0 = np.float32(0.0)
-            for d in range(uD):
-                x0 = qf[q0 + d]
-                a0 += x0 * dtypes.widen(k[ub, uh, ja, d])
-                c0 += x0 * dtypes.widen(k[ub, uh, jb, d])
-            s[s0 + np.uint64(jj)] = a0
-            s[s0 + np.uint64(jj + 1)] = c0
-        if n2 < n:
-            ja = np.uint64(j0 + n2)
-            a0 = np.float32(0.0)
-            for d in range(uD):
-                a0 += qf[q0 + d] * dtypes.widen(k[ub, uh, ja, d])
-            s[s0 + np.uint64(n2)] = a0
-        r += 1
+    for jj in range(0, n4, 4):
+        for e in range(4):
+            prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS + e)
+        j = np.uint64(jj)
+        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, 4, s, j, un, res)
+    if n4 < n:
+        j = np.uint64(n4)
+        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, n - n4, s, j, un, res)
 
 
 @device
@@ -206,74 +155,19 @@ def tile_pv(p, R, n, v, b, h, j0, o, use_gemm, nmax):
         return
     for i in range(R * Dv):
         o[i] = np.float32(0.0)
-    # decode: 4 rows x 4 keys per pass over the O rows (4 V loads, 4 O loads and stores per 16
-    # FMAs, vectorised over c); leftover rows one at a time
-    ub = np.uint64(b)
-    uh = np.uint64(h)
-    uDv = np.uint64(Dv)
+    # decode (decode_tiles.py): blocks of 4 keys in order, then one key at a time up to nmax
+    vf = flat1d(v)
+    row, uvs = key_row(v, b, h, j0)
+    un = np.uint64(n)
     j4 = nmax - nmax % 4
-    r = 0
-    while r + 4 <= R:
-        o0 = np.uint64(r * Dv)
-        o1 = o0 + uDv
-        o2 = o1 + uDv
-        o3 = o2 + uDv
-        pr = r * n
-        for jj in range(0, j4, 4):
-            if r == 0:
-                for e in range(4):
-                    prefetch_key(v, b, h, j0 + jj + PREFETCH_ROWS + e)
-            ja = np.uint64(j0 + jj)
-            jb = ja + np.uint64(1)
-            jc = ja + np.uint64(2)
-            jd = ja + np.uint64(3)
-            a0, a1, a2, a3 = p[pr + jj], p[pr + jj + 1], p[pr + jj + 2], p[pr + jj + 3]
-            q = pr + n
-            b0, b1, b2, b3 = p[q + jj], p[q + jj + 1], p[q + jj + 2], p[q + jj + 3]
-            q += n
-            c0, c1, c2, c3 = p[q + jj], p[q + jj + 1], p[q + jj + 2], p[q + jj + 3]
-            q += n
-            d0, d1, d2, d3 = p[q + jj], p[q + jj + 1], p[q + jj + 2], p[q + jj + 3]
-            for c in range(uDv):
-                w = dtypes.widen(v[ub, uh, ja, c])
-                x = dtypes.widen(v[ub, uh, jb, c])
-                y = dtypes.widen(v[ub, uh, jc, c])
-                z = dtypes.widen(v[ub, uh, jd, c])
-                o[o0 + c] += (a0 * w + a1 * x) + (a2 * y + a3 * z)
-                o[o1 + c] += (b0 * w + b1 * x) + (b2 * y + b3 * z)
-                o[o2 + c] += (c0 * w + c1 * x) + (c2 * y + c3 * z)
-                o[o3 + c] += (d0 * w + d1 * x) + (d2 * y + d3 * z)
-        for jj in range(j4, nmax):
-            ja = np.uint64(j0 + jj)
-            a0, b0, c0, d0 = p[pr + jj], p[pr + n + jj], p[pr + 2 * n + jj], p[pr + 3 * n + jj]
-            for c in range(uDv):
-                w = dtypes.widen(v[ub, uh, ja, c])
-                o[o0 + c] += a0 * w
-                o[o1 + c] += b0 * w
-                o[o2 + c] += c0 * w
-                o[o3 + c] += d0 * w
-        r += 4
-    while r < R:
-        o0 = np.uint64(r * Dv)
-        pr = r * n
-        for jj in range(0, j4, 4):
-            if r == 0:  # R < 4: this row leads
-                for e in range(4):
-                    prefetch_key(v, b, h, j0 + jj + PREFETCH_ROWS + e)
-            ja = np.uint64(j0 + jj)
-            jb = ja + np.uint64(1)
-            jc = ja + np.uint64(2)
-            jd = ja + np.uint64(3)
-            a0, a1, a2, a3 = p[pr + jj], p[pr + jj + 1], p[pr + jj + 2], p[pr + jj + 3]
-            for c in range(uDv):
-                o[o0 + c] += ((a0 * dtypes.widen(v[ub, uh, ja, c]) + a1 * dtypes.widen(v[ub, uh, jb, c]))
-                              + (a2 * dtypes.widen(v[ub, uh, jc, c]) + a3 * dtypes.widen(v[ub, uh, jd, c])))
-        for jj in range(j4, nmax):
-            ja = np.uint64(j0 + jj)
-            a0 = p[pr + jj]
-            for c in range(uDv):
-                o[o0 + c] += a0 * dtypes.widen(v[ub, uh, ja, c])
-        r += 1
+    for jj in range(0, j4, 4):
+        for e in range(4):
+            prefetch_key(v, b, h, j0 + jj + PREFETCH_ROWS + e)
+        j = np.uint64(jj)
+        pv_keys(p, j, R, un, vf, row + j * uvs, uvs, 4, o, np.uint64(0), Dv)
+    for jj in range(j4, nmax):
+        j = np.uint64(jj)
+        pv_keys(p, j, R, un, vf, row + j * uvs, uvs, 1, o, np.uint64(0), Dv)
 
 
 @device

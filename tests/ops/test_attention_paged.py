@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pypto_numba.attention import flash, online, plan_paged, plan_write_kv, standard, write_kv
+from pypto_numba.attention.paged_decode import head_groups
 from pypto_numba.errors import ConstraintError, DTypeError, ShapeError
 
 from helpers import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
@@ -63,6 +64,28 @@ def test_decode_same_bits_as_dense(name, dtype, bs, rng):
         out, rec = run_traced(fn, q, kc, vc, block_table=table, kv_len=kv_len, kv_tile=kvt, **extra)
         assert_cost_matches_plan(rec)
         same_bits(out, fn(q, kd, vd, kv_len=kv_len, kv_tile=kvt, **extra))
+
+
+@pytest.mark.parametrize("name", ["flash", "online"])
+def test_decode_head_groups_same_bits_as_dense(name, rng):
+    """Batch 1: the page-major decode kernel splits the KV heads into groups (all, halves, single
+    heads); kv_tile 50 (not a multiple of 4) takes the gathering kernel instead."""
+    fn = STRATEGIES[name]
+    extra = {"num_splits": 1} if name == "flash" else {}
+    for Hkv, kvt in ((4, 64), (3, 64), (6, 32), (4, 50)):
+        kv_len = np.array([301])
+        q, kc, vc, table, kd, vd = paged_case(rng, "bf16", 1, 2 * Hkv, Hkv, 1, 32, kv_len, 64, 6)
+        out, rec = run_traced(fn, q, kc, vc, block_table=table, kv_len=kv_len, kv_tile=kvt, **extra)
+        assert_cost_matches_plan(rec)
+        same_bits(out, fn(q, kd, vd, kv_len=kv_len, kv_tile=kvt, **extra))
+
+
+def test_head_groups_keep_both_threads_busy():
+    assert head_groups(4, 8, 2) == 1  # 4 tasks for 2 threads
+    assert head_groups(1, 8, 2) == 4
+    assert head_groups(3, 8, 2) == 2
+    assert head_groups(1, 3, 2) == 3  # no divisor of 3 between: one head per task
+    assert head_groups(1, 1, 2) == 1
 
 
 @pytest.mark.parametrize("name", ["flash", "online"])
