@@ -64,9 +64,10 @@ def pages_touched(t0, t1, kv_tile, kvl, bs):
 
 def head_groups(tasks, Hkv, threads):
     """KV-head groups per (batch, query tile, split): the fewest (a divisor of Hkv) that give
-    at least two tasks per thread, so that both threads stay busy at batch 1."""
+    every thread a task. Fewer heads per task read shorter runs of each key row, which costs more
+    than an uneven share of tasks (docs/performance.md)."""
     for g in range(1, Hkv + 1):
-        if Hkv % g == 0 and tasks * g >= 2 * threads:
+        if Hkv % g == 0 and tasks * g >= threads:
             return g
     return Hkv
 

@@ -68,8 +68,8 @@ def test_decode_same_bits_as_dense(name, dtype, bs, rng):
 
 @pytest.mark.parametrize("name", ["flash", "online"])
 def test_decode_head_groups_same_bits_as_dense(name, rng):
-    """Batch 1: the page-major decode kernel splits the KV heads into groups (all, halves, single
-    heads); kv_tile 50 (not a multiple of 4) takes the gathering kernel instead."""
+    """Batch 1: the page-major decode kernel splits the KV heads into groups (halves, single heads,
+    thirds); kv_tile 50 (not a multiple of 4) takes the gathering kernel instead."""
     fn = STRATEGIES[name]
     extra = {"num_splits": 1} if name == "flash" else {}
     for Hkv, kvt in ((4, 64), (3, 64), (6, 32), (4, 50)):
@@ -82,8 +82,9 @@ def test_decode_head_groups_same_bits_as_dense(name, rng):
 
 def test_head_groups_keep_both_threads_busy():
     assert head_groups(4, 8, 2) == 1  # 4 tasks for 2 threads
-    assert head_groups(1, 8, 2) == 4
-    assert head_groups(3, 8, 2) == 2
+    assert head_groups(3, 8, 2) == 1
+    assert head_groups(1, 8, 2) == 2
+    assert head_groups(1, 8, 4) == 4
     assert head_groups(1, 3, 2) == 3  # no divisor of 3 between: one head per task
     assert head_groups(1, 1, 2) == 1
 
