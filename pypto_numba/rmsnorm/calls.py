@@ -7,9 +7,9 @@ import functools
 import numpy as np
 
 from .. import inputs
-from ..errors import ShapeError
+from ..errors import ConstraintError, DTypeError, ShapeError
 from ..interop import torch_aware
-from ..machine import dtypes
+from ..machine import dtypes, tile
 from ..machine.memo import CallMemo
 from ..machine.profile import resolve_cast_mode
 from ..machine.tile import ScratchPool, aligned_empty
@@ -50,7 +50,7 @@ _NO_SCALE = np.zeros(1, np.float32)  # the kernel's scale argument when it write
 _CALLS = CallMemo()
 
 
-def _prepare(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out):
+def _prepare(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out, residual_out=None):
     where = f"rmsnorm.{kind}"
     add = kind == "fused_add"
     xt = inputs.tensor(x, "x", where)
@@ -69,13 +69,15 @@ def _prepare(kind, x, residual, weight, eps, offset, inv, profile, token_tile, o
     p = _plan(kind, xt.shape, xt.dtype, rt.dtype if add else None, wt.dtype, offset, inv, profile, token_tile)
     if out is not None:
         inputs.check_out_signature(where, xt, out)
+    if residual_out is not None:
+        _check_residual_out(where, rt, residual_out)
     shapes = [a.shape for a in (xt, rt, wt) if a is not None]
     c = _Call(where, p, D, xt.dtype, rt.dtype if add else None, eps, shapes)
     copied = sum(a.copied_bytes for a in (xt, rt, wt) if a is not None)
     return c, (xt.array, None if rt is None else rt.array, wt.array), copied
 
 
-def _launch(c, x, residual, weight, out, copied, cm):
+def _launch(c, x, residual, weight, out, copied, cm, residual_out=None):
     if out is None:
         result, out_k = aligned_empty(x.shape, c.dtype)
     else:
@@ -86,7 +88,11 @@ def _launch(c, x, residual, weight, out, copied, cm):
     ok = out_k.reshape(-1, D)
     add = residual is not None
     if add:
-        new, new_k = aligned_empty(x.shape, c.rdtype)
+        if residual_out is not None:
+            _check_residual_out_memory(c.where, x, residual, out, residual_out)
+            new, new_k = residual_out, dtypes.kernel_view(residual_out)
+        else:
+            new, new_k = aligned_empty(x.shape, c.rdtype)
         rk, nk = dtypes.kernel_view(residual).reshape(-1, D), new_k.reshape(-1, D)
     else:
         rk, nk = xk, ok
@@ -99,13 +105,37 @@ def _launch(c, x, residual, weight, out, copied, cm):
     return (result, new) if add else result
 
 
-def _call(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out, cast_mode):
-    key = _CALLS.key(profile, (x, residual, weight, out), (kind, eps, offset, inv, token_tile))
+def _call(kind, x, residual, weight, eps, offset, inv, profile, token_tile, out, cast_mode, residual_out=None):
+    key = _CALLS.key(profile, (x, residual, weight, out, residual_out), (kind, eps, offset, inv, token_tile))
     c, arrays, copied = _CALLS.through(key, _prepare, kind, x, residual, weight, eps, offset, inv, profile,
-                                       token_tile, out)
+                                       token_tile, out, residual_out)
     narrows = c.dtype != "fp32" or c.rdtype not in (None, "fp32")
     cm = resolve_cast_mode(cast_mode, profile, c.where, narrows)
-    return _launch(c, *(arrays or (x, residual, weight)), out, copied, cm)
+    return _launch(c, *(arrays or (x, residual, weight)), out, copied, cm, residual_out)
+
+
+def _check_residual_out(where, rt, residual_out):
+    """``residual_out=`` by its signature: a C-contiguous numpy array of the residual's dtype and shape."""
+    if not isinstance(residual_out, np.ndarray) or dtypes.storage_name(residual_out.dtype) != rt.dtype:
+        got = residual_out.dtype if isinstance(residual_out, np.ndarray) else type(residual_out).__name__
+        raise DTypeError(f"{where}: residual_out must be a numpy array of the residual's dtype ({rt.dtype}), "
+                         f"got {got}")
+    if residual_out.shape != rt.shape:
+        raise ShapeError(f"{where}: residual_out must have the residual's shape {rt.shape}, got {residual_out.shape}")
+    if not residual_out.flags.c_contiguous:
+        raise ConstraintError(f"{where}: residual_out must be a writeable C-contiguous array")
+
+
+def _check_residual_out_memory(where, x, residual, out, residual_out):
+    """``residual_out`` is the residual itself (in place) or apart from x, the residual and ``out``."""
+    if not residual_out.flags.writeable:
+        raise ConstraintError(f"{where}: residual_out must be a writeable C-contiguous array")
+    if tile.address(residual_out) == tile.address(residual) and residual_out.shape == residual.shape:
+        return
+    for name, a in (("x", x), ("residual", residual), ("out", out)):
+        if a is not None and np.may_share_memory(residual_out, a):
+            raise ConstraintError(f"{where}: residual_out overlaps {name}; pass residual_out=residual (in place) "
+                                  f"or a separate array")
 
 
 @register("rmsnorm", "plain", plan=plan_plain, summary="RMSNorm over the last dim, one vector kernel")
@@ -127,14 +157,17 @@ def plain(x, weight, eps=1e-6, offset=0.0, *, inv="rsqrt", profile=None, token_t
 @register("rmsnorm", "fused_add", plan=plan_fused_add,
           summary="residual add + RMSNorm in one vector kernel -> (normed, new residual)")
 def fused_add(x, residual, weight, eps=1e-6, offset=0.0, *, inv="rsqrt", profile=None, token_tile=None, out=None,
-              cast_mode=None):
+              residual_out=None, cast_mode=None):
     """``new = residual + x`` (fp32 add, rounded to the residual's dtype, fp32 or x's) and
     ``normed = plain(new, weight, eps, offset)`` in x's dtype, in one kernel -> ``(normed, new)``.
 
     Saves the GM re-read of ``new`` and a kernel over an add followed by :func:`plain`. ``out=``
-    receives ``normed``. Options as :func:`plain` (``cast_mode`` rounds both casts, normed and new).
+    receives ``normed``; ``residual_out=`` receives ``new`` (the residual's shape and dtype;
+    ``residual_out=residual`` updates it in place, as vLLM's fused_add_rms_norm does). Options as
+    :func:`plain` (``cast_mode`` rounds both casts, normed and new).
     """
-    return _call("fused_add", x, residual, weight, eps, offset, inv, profile, token_tile, out, cast_mode)
+    return _call("fused_add", x, residual, weight, eps, offset, inv, profile, token_tile, out, cast_mode,
+                 residual_out)
 
 
 

@@ -117,12 +117,14 @@ def _rmsnorm_kernel(
             off = np.uint64(r0 + t) * uD
             ss = np.float32(0.0)
             if add:
+                # the rounded sum into y first, then stored: the loop that sums writes no GM row, so
+                # it vectorises alike when new_res is the residual itself (in place)
                 for j in range(uD):
-                    q = dtypes.narrow(nf, dtypes.widen(rf[off + j]) + dtypes.widen(xf[off + j]), cm)
-                    nf[off + j] = q
-                    v = dtypes.widen(q)
+                    v = dtypes.widen(dtypes.narrow(nf, dtypes.widen(rf[off + j]) + dtypes.widen(xf[off + j]), cm))
                     y[j] = v
                     ss += v * v
+                for j in range(uD):
+                    nf[off + j] = dtypes.narrow(nf, y[j], cm)  # exact: y[j] is representable
             else:
                 for j in range(uD):
                     v = dtypes.widen(xf[off + j])

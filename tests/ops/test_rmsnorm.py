@@ -128,6 +128,41 @@ def test_out_and_in_place(rng, dtype, kind):
     np.testing.assert_array_equal(dtypes.kernel_view(xc), dtypes.kernel_view(want))
 
 
+@pytest.mark.parametrize("rdt", ["fp32", "same"])
+def test_fused_add_residual_out_and_in_place(rng, dtype, rdt):
+    """residual_out= receives the new residual (a separate array, or the residual in place, as
+    vLLM's fused_add_rms_norm), with the bits of the allocating call; a bad one is refused."""
+    rname = dtype if rdt == "same" else "fp32"
+    x = make((6, 80), dtype, rng)
+    r = make((6, 80), rname, rng, 4.0)
+    w = make((80,), "fp32", rng, 0.1, 1.0)
+    want_y, want_new = rmsnorm.fused_add(x, r, w)
+    assert np.array_equal(dtypes.kernel_view(want_new),
+                          dtypes.kernel_view((r.astype(np.float32) + x.astype(np.float32)).astype(r.dtype)))
+    sep = np.empty_like(r)
+    y, new = rmsnorm.fused_add(x, r, w, residual_out=sep)
+    assert new is sep
+    np.testing.assert_array_equal(dtypes.kernel_view(new), dtypes.kernel_view(want_new))
+    np.testing.assert_array_equal(dtypes.kernel_view(y), dtypes.kernel_view(want_y))
+    rc = r.copy()
+    y, new = rmsnorm.fused_add(x, rc, w, residual_out=rc)
+    assert new is rc
+    np.testing.assert_array_equal(dtypes.kernel_view(rc), dtypes.kernel_view(want_new))
+    np.testing.assert_array_equal(dtypes.kernel_view(y), dtypes.kernel_view(want_y))
+    other = "fp16" if rname != "fp16" else "fp32"
+    with pytest.raises(pn.DTypeError, match="residual_out must be a numpy array of the residual's dtype"):
+        rmsnorm.fused_add(x, r, w, residual_out=np.empty((6, 80), NP_DTYPE[other]))
+    with pytest.raises(pn.ShapeError, match="residual_out must have the residual's shape"):
+        rmsnorm.fused_add(x, r, w, residual_out=np.empty((6, 81), r.dtype))
+    big = np.empty((7, 80), r.dtype)
+    with pytest.raises(pn.ConstraintError, match="residual_out overlaps residual"):
+        rmsnorm.fused_add(x, big[:6], w, residual_out=big[1:])
+    out = np.empty_like(x)
+    if rname == dtype:
+        with pytest.raises(pn.ConstraintError, match="residual_out overlaps out"):
+            rmsnorm.fused_add(x, r, w, out=out, residual_out=out)
+
+
 @pytest.mark.parametrize("tt", [1, 3, 8])
 def test_token_tile_tails_same_bits(rng, tt):
     x = make((19, 130), "bf16", rng)
