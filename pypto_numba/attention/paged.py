@@ -15,6 +15,10 @@ Traffic: the dense plan's, except that K/V are read only below ``kv_len`` (``nre
 run tile, ``nread = min(n, kv_len - j0)``), and each task reads the block-table entries of the
 pages its tiles touch (4 B each). The dense kernels, their plans and their machine code are not
 touched: these are separate kernels, chosen in Python before any loop.
+
+Decode-shaped blocks (``G*q_tile < GEMM_MIN_ROWS``, ``kv_tile % 4 == 0``) take paged_decode.py's
+page-major kernel instead, which reads the pages without a tile buffer; the gathering kernels
+here run prefill blocks and the other kv_tiles.
 """
 
 from __future__ import annotations
