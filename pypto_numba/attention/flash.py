@@ -208,34 +208,46 @@ def _flash_kernel(
             qi = q_lo + u
             i0, qv, R = query_tile(qi, qt, Sq, G)
             m0 = u * sw
-            ms = st[m0 + om:m0 + ol]
-            ls = st[m0 + ol:m0 + oo]
-            os = st[m0 + oo:m0 + sw]
-            if n_split == 1:
-                if has_sinks:
-                    merge_sink(ms, ls, os, R, Dv, sinks, kvh, G, qv)
-                    gm_read += R * 4
-                    vector_ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
-                write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv, cm)
-                gm_write += R * Dv * b_sz
-                vector_ops += R * Dv * FINAL_ELEM_OPS
-                if want_lse:
-                    write_lse(ms, ls, R, lse, b, kvh, G, i0, qv)
-                    gm_write += R * 4
-                    vector_ops += R * LSE_ROW_OPS
-            else:
-                blk = (b * Hkv + kvh) * nq + qi
-                pm = part_m[sp, blk]
-                pl = part_l[sp, blk]
-                po = part_o[sp, blk]
-                for r in range(R):
-                    pm[r] = ms[r]
-                    pl[r] = ls[r]
-                for i in range(R * Dv):
-                    po[i] = os[i]
-                gm_write += R * (Dv + 2) * 4
+            rd, wr, ops = finish_block(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw], R, Dv,
+                                       out, lse, want_lse, b, kvh, G, i0, qv, has_sinks, sinks, n_split, sp,
+                                       (b * Hkv + kvh) * nq + qi, part_m, part_l, part_o, cm)
+            gm_read += rd
+            gm_write += wr
+            vector_ops += ops
             tasks += 1
     return tasks, gm_read, gm_write, vector_ops, cube_flops
+
+
+@device
+def finish_block(ms, ls, os, R, Dv, out, lse, want_lse, b, kvh, G, i0, qv, has_sinks, sinks, n_split, sp, blk,
+                 part_m, part_l, part_o, cm):
+    """The end of a query tile's walk: the sinks, the output and the lse, or (``n_split > 1``)
+    the split's partial state for :func:`_combine_kernel` -> (GM read, GM write, vector ops)."""
+    rd = 0
+    wr = 0
+    ops = 0
+    if n_split == 1:
+        if has_sinks:
+            merge_sink(ms, ls, os, R, Dv, sinks, kvh, G, qv)
+            rd += R * 4
+            ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
+        write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv, cm)
+        wr += R * Dv * out.itemsize
+        ops += R * Dv * FINAL_ELEM_OPS
+        if want_lse:
+            write_lse(ms, ls, R, lse, b, kvh, G, i0, qv)
+            wr += R * 4
+            ops += R * LSE_ROW_OPS
+        return rd, wr, ops
+    pm = part_m[sp, blk]
+    pl = part_l[sp, blk]
+    po = part_o[sp, blk]
+    for r in range(R):
+        pm[r] = ms[r]
+        pl[r] = ls[r]
+    for i in range(R * Dv):
+        po[i] = os[i]
+    return rd, R * (Dv + 2) * 4, ops
 
 
 @device

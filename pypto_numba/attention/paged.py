@@ -35,7 +35,7 @@ from ..machine import cube, dtypes, tile
 from ..machine.jit import device, kernel
 from ..machine.profile import resolve_cast_mode
 from ..strategy import Launch
-from .flash import _combine_kernel, _split_tiles, plan_flash, run_tiles
+from .flash import _combine_kernel, _split_tiles, finish_block, plan_flash, run_tiles
 from .flash import scratch_layout as flash_scratch
 from .flash import state_layout
 from .online import _walked_tiles, plan_online
@@ -60,7 +60,6 @@ from .tiles import (
     tile_softmax,
     tile_span,
     tile_vector_ops,
-    write_lse,
     write_out,
 )
 from .validation import (
@@ -214,32 +213,12 @@ def _paged_flash_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
             qi = q_lo + u
             i0, qv, R = query_tile(qi, qt, Sq, G)
             m0 = u * sw
-            ms = st[m0 + om:m0 + ol]
-            ls = st[m0 + ol:m0 + oo]
-            os = st[m0 + oo:m0 + sw]
-            if n_split == 1:
-                if has_sinks:
-                    merge_sink(ms, ls, os, R, Dv, sinks, kvh, G, qv)
-                    gm_read += R * 4
-                    vector_ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
-                write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv, cm)
-                gm_write += R * Dv * b_sz
-                vector_ops += R * Dv * FINAL_ELEM_OPS
-                if want_lse:
-                    write_lse(ms, ls, R, lse, b, kvh, G, i0, qv)
-                    gm_write += R * 4
-                    vector_ops += R * 2  # flash.LSE_ROW_OPS
-            else:
-                blk = (b * Hkv + kvh) * nq + qi
-                pm = part_m[sp, blk]
-                pl = part_l[sp, blk]
-                po = part_o[sp, blk]
-                for r in range(R):
-                    pm[r] = ms[r]
-                    pl[r] = ls[r]
-                for i in range(R * Dv):
-                    po[i] = os[i]
-                gm_write += R * (Dv + 2) * 4
+            rd, wr, ops = finish_block(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw], R, Dv,
+                                       out, lse, want_lse, b, kvh, G, i0, qv, has_sinks, sinks, n_split, sp,
+                                       (b * Hkv + kvh) * nq + qi, part_m, part_l, part_o, cm)
+            gm_read += rd
+            gm_write += wr
+            vector_ops += ops
             tasks += 1
     return tasks, gm_read, gm_write, vector_ops, cube_flops
 

@@ -26,30 +26,23 @@ from ..machine import cube, tile
 from ..machine.jit import device, kernel
 from ..strategy import Launch
 from .decode_tiles import pv_keys, scores_keys
-from .flash import _combine_kernel, _split_tiles, state_layout
+from .flash import _combine_kernel, _split_tiles, finish_block, state_layout
 from .online import _walked_tiles
 from .online import scratch_layout as online_scratch
 from .strided import flat1d
 from .tasks import query_tile
 from .tiles import (
-    FINAL_ELEM_OPS,
     PV_COMPENSATED,
     PV_STORAGE,
-    SINK_ELEM_OPS,
-    SINK_ROW_OPS,
     load_q_block,
-    merge_sink,
     merge_state,
     reset_state,
     tile_cube_flops,
     tile_softmax,
     tile_vector_ops,
-    write_lse,
-    write_out,
 )
 from .validation import PV_CODE
 
-LSE_ROW_OPS = 2  # flash.LSE_ROW_OPS
 
 
 @device
@@ -238,32 +231,13 @@ def paged_decode_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
         for hh in range(nh):
             kvh = h0 + hh
             m0 = hh * sw
-            ms = st[m0 + state_at[0]:m0 + state_at[1]]
-            ls = st[m0 + state_at[1]:m0 + state_at[2]]
-            os = st[m0 + state_at[2]:m0 + sw]
-            if n_split == 1:
-                if has_sinks:
-                    merge_sink(ms, ls, os, R, Dv, sinks, kvh, G, qv)
-                    gm_read += R * 4
-                    vector_ops += R * (SINK_ROW_OPS + SINK_ELEM_OPS * Dv)
-                write_out(os, ls, R, Dv, out, b, kvh, G, i0, qv, cm)
-                gm_write += R * Dv * b_sz
-                vector_ops += R * Dv * FINAL_ELEM_OPS
-                if want_lse:
-                    write_lse(ms, ls, R, lse, b, kvh, G, i0, qv)
-                    gm_write += R * 4
-                    vector_ops += R * LSE_ROW_OPS
-            else:
-                blk = (b * Hkv + kvh) * nq + qi
-                pm = part_m[sp, blk]
-                pl = part_l[sp, blk]
-                po = part_o[sp, blk]
-                for r in range(R):
-                    pm[r] = ms[r]
-                    pl[r] = ls[r]
-                for i in range(R * Dv):
-                    po[i] = os[i]
-                gm_write += R * (Dv + 2) * 4
+            rd, wr, ops = finish_block(st[m0 + state_at[0]:m0 + state_at[1]], st[m0 + state_at[1]:m0 + state_at[2]],
+                                       st[m0 + state_at[2]:m0 + sw], R, Dv, out, lse, want_lse, b, kvh, G, i0, qv,
+                                       has_sinks, sinks, n_split, sp, (b * Hkv + kvh) * nq + qi, part_m, part_l,
+                                       part_o, cm)
+            gm_read += rd
+            gm_write += wr
+            vector_ops += ops
             tasks += 1
     return tasks, gm_read, gm_write, vector_ops, cube_flops
 
