@@ -8,7 +8,8 @@ The issue's targets (2 threads):
   ``[B, Hkv, G*Sq, D]`` (``track_decode_vs_torch``);
 - bf16 K/V >= 1.5x faster than fp32 for the same shape (``track_decode_bf16_speedup``);
 - prefill causal fp32, B=1, H=8, S=4096, D=128: ``flash`` >= 1.0x torch SDPA
-  (``track_prefill_vs_torch``);
+  (``track_prefill_vs_torch``; issue 21: 2.2x) and >= 0.95x the GFLOP/s of NumPy's sgemm at 4096^3
+  with the BLAS pins unset, causal FLOPs counted as half the square (``track_flash_vs_sgemm``);
 - sliding-window decode (W = 4096, Mistral / Gemma) over a 32K cache <= 1.2x the time of a plain
   4K-context decode of the same heads (``track_window_vs_4k_context``, issue 21).
 
@@ -33,7 +34,7 @@ from pypto_numba import attention
 from pypto_numba.errors import TileError
 
 from ._common import (  # noqa: F401 (rounds: read by asv)
-    copy_peer, heavy, median_ratio, sum_peer, to_torch, torch_or_none, rounds,
+    copy_peer, heavy, median_ratio, sum_peer, to_torch, torch_or_none, rounds, unpinned,
 )
 
 NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
@@ -299,6 +300,32 @@ class AttentionPrefill:
         return median_ratio(self.run, _torch_sdpa(torch, self.q, self.k, self.v, causal=True), 3)
 
     track_prefill_vs_torch.unit = "x torch SDPA"
+
+
+def _flash_vs_sgemm():
+    """(flash causal prefill GFLOP/s) / (NumPy sgemm 4096^3 GFLOP/s), alternating in one process
+    (run by ``unpinned``: NumPy's BLAS without the machine's pins)."""
+    p = PREFILL
+    shape = (p["B"], p["H"], p["S"], p["D"])
+    q, k, v = (_fill(shape, "fp32", s) for s in (4, 5, 6))
+    a, b = _fill((4096, 4096), "fp32", 7), _fill((4096, 4096), "fp32", 8)
+    ours = lambda: attention.flash(q, k, v, causal=True)
+    ours()
+    flops = 4 * p["B"] * p["H"] * p["S"] ** 2 * p["D"] / 2  # QK^T and PV, half of the square
+    return median_ratio(ours, lambda: a @ b, 5) * flops / (2 * 4096 ** 3)
+
+
+class AttentionPrefillVsSgemm:
+    """Causal prefill flash fp32 (PREFILL) against the cube's roofline on this host: NumPy sgemm."""
+
+    timeout = 900
+    repeat = 1
+    number = 1
+
+    def track_flash_vs_sgemm(self):
+        return unpinned(__name__, "_flash_vs_sgemm")
+
+    track_flash_vs_sgemm.unit = "x NumPy sgemm GFLOP/s (BLAS pins unset)"
 
 
 class AttentionPeakMem:
