@@ -176,6 +176,47 @@ def gather_rows_plain(dst, src, ids, r0, row, off, nbytes, joins):
 
 
 @intrinsic
+def store_div(typingctx, w, w_off, dst, d_off, n, d, stream, mode):
+    """``dst[d_off + i] = narrow(w[w_off + i] * (1 / d))`` for ``i < n``: a float32 tile divided
+    by a scalar (TDIVS), cast (TCVT, rounding by ``mode``, a ``dtypes.CastMode``) and stored to GM.
+
+    ``w`` flat float32, ``dst`` a flat kernel view (float32, uint16 = bf16, int16 = fp16), uint64
+    offsets and count, ``d`` float32. The division is what the kernels' ``arcp`` makes of a loop
+    dividing by one scalar (``machine/jit.py``): ``1/d`` rounded once, then each product rounded,
+    in every lane and step. One line of ``dst`` per step in 512-bit vectors, the partial lines at
+    both ends one element at a time.
+    ``stream``: the whole lines go out with streaming stores (the caller fences and checks
+    :func:`streams_apart`; ``dst`` a whole number of elements off a line).
+    """
+    if not (isinstance(w, types.Array) and w.dtype == types.float32 and isinstance(dst, types.Array)
+            and dst.dtype in (types.float32, types.uint16, types.int16) and isinstance(mode, dtypes.CastModeType)):
+        return None
+    cast = mode.mode
+
+    def codegen(context, builder, sig, args):
+        w_arr = context.make_array(sig.args[0])(context, builder, args[0])
+        d_arr = context.make_array(sig.args[2])(context, builder, args[2])
+        wo, do, cnt, stream_ = args[1], args[3], args[4], args[6]
+        rcp = builder.fdiv(ir.Constant(ir.FloatType(), 1.0), args[5])
+        kind = sig.args[2].dtype
+
+        def step(start, count, lanes, nt):
+            def body(j):
+                v = irb.load_widen(builder, w_arr.data, builder.add(wo, j), types.float32, lanes)
+                y = builder.fmul(v, rcp if lanes == 1 else irb.splat(builder, rcp, v.type))
+                dtypes.store_narrow_mode(builder, y, d_arr.data, builder.add(do, j), kind, lanes, cast,
+                                         align=LINE if nt else 1, nontemporal=nt)
+
+            irb.steps(builder, start, count, lanes, body)
+
+        size = context.get_abi_sizeof(context.get_data_type(kind))
+        irb.line_span(builder, builder.gep(d_arr.data, [do]), cnt, size, step, stream_)
+        return context.get_dummy_value()
+
+    return types.void(w, types.uint64, dst, types.uint64, types.uint64, types.float32, types.boolean, mode), codegen
+
+
+@intrinsic
 def store_fence(typingctx):
     """A full memory fence (``mfence``): streaming stores are weakly ordered, so each task that
     issued them fences before it ends (as memcpy does after its non-temporal loop)."""

@@ -77,8 +77,8 @@ from pypto_numba.machine.dtypes import CastModeType, f32_as_u32, u32_as_f32
 from pypto_numba.machine.ir.convert import round_mode_ir
 from pypto_numba.machine.jit import device
 
-__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "softmax_exp", "softmax_exp_mode", "exp_ir", "tanh_ir",
-           "erf_ir", "sigmoid_ir", "rsqrt_ir", "VMATH_FASTMATH"]
+__all__ = ["exp", "tanh", "erf", "sigmoid", "rsqrt", "rowmax", "load_max", "softmax_exp", "softmax_exp_ahead",
+           "softmax_exp_mode", "exp_ir", "tanh_ir", "erf_ir", "sigmoid_ir", "rsqrt_ir", "VMATH_FASTMATH"]
 
 VMATH_FASTMATH = frozenset({"contract"})
 """Fast-math flags of the vmath functions (see the module docstring for why not FASTMATH)."""
@@ -146,8 +146,11 @@ _ERF_Q = (_ONE, _ERF_Q1, _ERF_Q2, _ERF_Q3, _ERF_Q4, _ERF_Q5)
 # vector kernels' bits), and the plain numba forms further down are the readable reference.
 
 
-def exp_ir(builder, x):
-    """:func:`exp` in IR: Cody-Waite reduction, degree-6 polynomial, two exact scalings by 2^n."""
+def exp_ir(builder, x, scalef=False):
+    """:func:`exp` in IR: Cody-Waite reduction, degree-6 polynomial, two exact scalings by 2^n.
+
+    ``scalef`` (``<16 x float>`` on an AVX-512F target only): the scaling is one VSCALEFPS, the
+    same one rounding of ``p * 2^n`` in 1 instruction instead of 11."""
     o = irb.FOps(builder, x.type)
     # clamp with NaN going to a finite value, so the float -> int conversion below is defined
     xc = o.select(o.gt(x, _EXP_LO), x, _EXP_LO)
@@ -159,8 +162,11 @@ def exp_ir(builder, x):
     p = o.add(_ONE, o.add(r, o.mul(o.mul(r, r), poly)))
     # 2^n in two exact factors (2^n itself may not be a normal float32): only the last
     # multiplication rounds, which also makes subnormal and overflowing results correct
-    n1 = o.floor(o.mul(n, _HALF))
-    y = o.mul(o.mul(p, o.pow2(n1)), o.pow2(o.sub(n, n1)))
+    if scalef:
+        y = irb.scalef(builder, p, n)
+    else:
+        n1 = o.floor(o.mul(n, _HALF))
+        y = o.mul(o.mul(p, o.pow2(n1)), o.pow2(o.sub(n, n1)))
     return o.select(o.eq(x, x), y, x)
 
 
@@ -405,6 +411,63 @@ def rowmax(typingctx, s, base, c):
     return types.float32(s, types.uint64, c), codegen
 
 
+@intrinsic
+def load_max(typingctx, x, x_off, w, c, scale, mask, m_off):
+    """``w[j] = fp32(x[x_off + j]) * scale + mask[m_off + j]`` for ``j < c`` (``scale`` and
+    ``mask`` may be None: that part is skipped), returning the float32 max of ``w[:c]`` as
+    :func:`rowmax` gives it: the load of a tile into UB and its row max in one pass.
+
+    ``x`` a flat kernel view (float32, uint16 = bf16, int16 = fp16), ``w`` and ``mask`` flat
+    float32, uint64 offsets and count. Multiply and add carry ``contract``, as a numba loop
+    under ``VMATH_FASTMATH``/the kernels' flags: the bits of that loop.
+    """
+    none = (types.NoneType, types.Omitted)
+    if not (isinstance(x, types.Array) and x.dtype in (types.float32, types.uint16, types.int16)
+            and isinstance(w, types.Array) and w.dtype == types.float32 and isinstance(c, types.Integer)
+            and (isinstance(scale, none) or isinstance(scale, types.Float))
+            and (isinstance(mask, none) or (isinstance(mask, types.Array) and mask.dtype == types.float32))):
+        return None
+    has_scale = isinstance(scale, types.Float)
+    has_mask = isinstance(mask, types.Array)
+
+    def codegen(context, builder, sig, args):
+        x_arr = context.make_array(sig.args[0])(context, builder, args[0])
+        w_arr = context.make_array(sig.args[2])(context, builder, args[2])
+        m_arr = context.make_array(sig.args[5])(context, builder, args[5]) if has_mask else None
+        i64 = ir.IntType(64)
+        f32 = ir.FloatType()
+        xo, mo = args[1], args[6]
+        cnt = _count(context, builder, args[3], sig.args[3])
+        sc = context.cast(builder, args[4], sig.args[4], types.float32) if has_scale else None
+        kind = sig.args[0].dtype
+
+        def tile_at(j, lanes):
+            v = irb.load_widen(builder, x_arr.data, builder.add(xo, j), kind, lanes)
+            vty = v.type
+            if has_scale:
+                v = builder.fmul(v, sc if lanes == 1 else irb.splat(builder, sc, vty), flags=irb.CONTRACT)
+            if has_mask:
+                mv = irb.load(builder, m_arr.data, builder.add(mo, j), vty, 4)
+                v = builder.fadd(v, mv, flags=irb.CONTRACT)
+            builder.store(v, irb.ptr(builder, w_arr.data, j, vty), align=4)
+            return v
+
+        vf = ir.VectorType(f32, _MAX_LANES)
+        vacc = cgutils.alloca_once_value(builder, ir.Constant(vf, [float("-inf")] * _MAX_LANES))
+        nvec = builder.udiv(cnt, ir.Constant(i64, _MAX_LANES))
+        with cgutils.for_range(builder, nvec) as loop:
+            v = tile_at(builder.mul(loop.index, ir.Constant(i64, _MAX_LANES)), _MAX_LANES)
+            builder.store(_max_step(builder, v, builder.load(vacc)), vacc)
+        v = irb.fold_halves(builder, builder.load(vacc), lambda lo, hi: _max_step(builder, hi, lo))
+        acc = cgutils.alloca_once_value(builder, builder.extract_element(v, ir.Constant(ir.IntType(32), 0)))
+        done = builder.mul(nvec, ir.Constant(i64, _MAX_LANES))
+        with cgutils.for_range(builder, builder.sub(cnt, done)) as loop:
+            builder.store(_max_step(builder, tile_at(builder.add(done, loop.index), 1), builder.load(acc)), acc)
+        return builder.load(acc)
+
+    return types.float32(x, types.uint64, w, c, scale, mask, types.uint64), codegen
+
+
 # ---- softmax_exp -------------------------------------------------------------------------------
 
 
@@ -417,8 +480,9 @@ def _softmax_exp_typing(s, c, p, like):
             and isinstance(c, types.Integer))
 
 
-def _softmax_exp_codegen(mode):
-    """The codegen of :func:`softmax_exp` rounding p by cast mode ``mode`` (``rint``: ``round_ir``)."""
+def _softmax_exp_codegen(mode, ahead=False):
+    """The codegen of :func:`softmax_exp` rounding p by cast mode ``mode`` (``rint``: ``round_ir``);
+    ``ahead``: arguments 6-8 are :func:`softmax_exp_ahead`'s array, offset and count."""
 
     def codegen(context, builder, sig, args):
         s_arr = context.make_array(sig.args[0])(context, builder, args[0])
@@ -429,6 +493,7 @@ def _softmax_exp_codegen(mode):
         cnt = _count(context, builder, args[2], sig.args[2])
         mval = context.cast(builder, args[3], sig.args[3], types.float32)
         like_t = sig.args[5].dtype
+        has_scalef = irb.target_has(context, "avx512f")
 
         def one_step(lanes, off, total):
             vf = ir.VectorType(f32, lanes)
@@ -440,7 +505,7 @@ def _softmax_exp_codegen(mode):
             else:
                 sp = builder.bitcast(builder.gep(s_arr.data, [off]), vf.as_pointer())
                 xv = builder.fsub(builder.load(sp, align=4), irb.splat(builder, mval, vf))
-            e = exp_ir(builder, xv)
+            e = exp_ir(builder, xv, scalef=lanes == _EXP_LANES and has_scalef)
             r = round_mode_ir(builder, e, like_t, mode)
             pp = builder.bitcast(builder.gep(p_arr.data, [off]), vf.as_pointer())
             builder.store(r, pp, align=4)
@@ -449,8 +514,17 @@ def _softmax_exp_codegen(mode):
         vf = ir.VectorType(f32, _EXP_LANES)
         vsum = cgutils.alloca_once_value(builder, irb.const(vf, 0.0))
         nvec = builder.udiv(cnt, ir.Constant(i64, _EXP_LANES))
+        if ahead:  # one line of the next tile per vector step, the last line again past its end
+            a_arr = context.make_array(sig.args[6])(context, builder, args[6])
+            per_line = ir.Constant(i64, max(1, irb.LINE // context.get_abi_sizeof(context.get_data_type(sig.args[6].dtype))))
+            a_lines = builder.udiv(builder.add(args[8], builder.sub(per_line, ir.Constant(i64, 1))), per_line)
+            a_last = builder.sub(a_lines, ir.Constant(i64, 1))
         with cgutils.for_range(builder, nvec) as loop:
             off = builder.add(b0, builder.mul(loop.index, ir.Constant(i64, _EXP_LANES)))
+            if ahead:
+                with builder.if_then(builder.icmp_unsigned("!=", a_lines, ir.Constant(i64, 0))):
+                    line = builder.select(builder.icmp_unsigned("<", loop.index, a_lines), loop.index, a_last)
+                    irb.prefetch(builder, builder.gep(a_arr.data, [builder.add(args[7], builder.mul(line, per_line))]))
             builder.store(one_step(_EXP_LANES, off, builder.load(vsum)), vsum)
         v = irb.fold_halves(builder, builder.load(vsum), builder.fadd)
         acc = cgutils.alloca_once_value(builder, v)  # <1 x float>
@@ -477,6 +551,19 @@ def softmax_exp(typingctx, s, base, c, m, p, like):
     if not _softmax_exp_typing(s, c, p, like):
         return None
     return types.float32(s, types.uint64, c, types.float32, p, like), _softmax_exp_codegen("rint")
+
+
+@intrinsic
+def softmax_exp_ahead(typingctx, s, base, c, m, p, like, a, a_off, a_n):
+    """:func:`softmax_exp` that also prefetches the next tile while it computes: one line of
+    ``a[a_off : a_off + a_n]`` (a flat array of any dtype, uint64 offset and count) per 16-lane
+    step, from its first line on. The NPU's double buffering (the MTE loads tile t+1 while the
+    vector unit works on tile t): the exp is compute-bound, and without this the memory idles
+    through it. A prefetch never faults and changes no result."""
+    if not (_softmax_exp_typing(s, c, p, like) and isinstance(a, types.Array) and a.ndim == 1):
+        return None
+    return (types.float32(s, types.uint64, c, types.float32, p, like, a, types.uint64, types.uint64),
+            _softmax_exp_codegen("rint", ahead=True))
 
 
 @intrinsic

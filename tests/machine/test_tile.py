@@ -4,7 +4,7 @@ import numba
 import numpy as np
 import pytest
 
-from pypto_numba.machine import tile
+from pypto_numba.machine import dtypes, tile
 from pypto_numba.machine.ir.lines import first_line
 from pypto_numba.machine.jit import kernel
 
@@ -188,3 +188,50 @@ def test_stream_gather_rows_joins(off, joins, dtype):
     _gather_rows(dst, src, ids, r0, row, off, n * item, joins)
     assert np.array_equal(dst, expected)
     assert np.array_equal(buf[:first], before[:first]) and np.array_equal(buf[first + dst.size :], before[first + dst.size :])
+
+
+@kernel
+def _store_div_rows(w, dst, starts, n, d, stream, mode):
+    """Row r of ``w`` divided by ``d[r]`` into flat ``dst`` from element ``starts[r]``."""
+    un = np.uint64(n)
+    for r in numba.prange(starts.size):
+        tile.store_div(w, np.uint64(r) * un, dst, np.uint64(starts[r]), un, d[r], stream, mode)
+        if stream:
+            tile.store_fence()
+    return 0
+
+
+@kernel(fastmath=False)
+def _mul_narrow_scalar(w, dst, starts, n, rcp, mode):
+    for r in numba.prange(starts.size):
+        for j in range(n):
+            dst[starts[r] + j] = dtypes.narrow(dst, w[r * n + j] * rcp[r], mode)
+    return 0
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("mode", ["rint", "floor", "odd"])
+def test_store_div_is_the_scalar_division_and_cast(fmt, stream, mode):
+    """store_div writes exactly ``narrow(w * fp32(1/d))`` (the mode's rounding; what ``arcp`` made of
+    softmax's division loop, whose bits it keeps) on
+    rows that start on and off a line, with heads, whole lines and tails (n = 1, 15, 100, 131), and
+    leaves every element outside the rows untouched; subnormal, Inf and NaN quotients included."""
+    rng = np.random.default_rng(3)
+    kind = dtypes.KERNEL[fmt]
+    cm = dtypes.cast_mode(mode)
+    for n in (1, 15, 100, 131):
+        rows = 5
+        w = (rng.standard_normal(rows * n) * 50).astype(np.float32)
+        w[::7] = np.float32(1e-38)
+        w[3::11] = np.inf
+        w[5::13] = np.nan
+        d = np.array([3.0, 0.7, 1e3, 7.0, 1.0], np.float32)
+        starts = np.array([0, n + 1, 2 * n + 17, 3 * n + 40, 4 * n + 64], np.int64)
+        size = 4 * n + 64 + n + 16
+        got = tile.aligned_empty((size,), fmt)[1]
+        got[:] = 0x1234 if kind != np.float32 else 5.0  # sentinels outside the rows
+        want = got.copy()
+        _store_div_rows(w, got, starts, n, d, stream, cm)
+        _mul_narrow_scalar(w, want, starts, n, np.float32(1.0) / d, cm)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

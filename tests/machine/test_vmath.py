@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import ml_dtypes
 import numba
 import numpy as np
 import pytest
@@ -440,3 +441,93 @@ def test_ir_versions_equal_the_scalar_functions(name, lanes):
     plain = np.empty_like(x)
     k_plain(x, plain, FORMULAS.index(name))
     np.testing.assert_array_equal(plain.view(np.uint32), want.view(np.uint32))
+
+
+@kernel
+def k_softmax_exp_ahead(s, m, p, like, totals, rows, width, a, a_n):
+    for r in prange(rows):
+        totals[r] = V.softmax_exp_ahead(s, np.uint64(r * width), width - r % 19, m, p, like,
+                                        a, np.uint64(r * width), np.uint64(a_n))
+
+
+@pytest.mark.parametrize("a_n", [0, 1, 131, 10**6])
+def test_softmax_exp_ahead_is_softmax_exp(a_n):
+    """softmax_exp_ahead writes and returns softmax_exp's bits whatever it prefetches: nothing,
+    one element, a row, or a count running past the array's end (prefetches never fault); the
+    exponent range covers subnormal, overflowing (+inf) and -inf/NaN inputs, so on an AVX-512
+    host the one-instruction scaling (VSCALEFPS) is checked against the scalar exp's two exact
+    factors."""
+    rng = np.random.default_rng(5)
+    rows, width = 30, 131
+    s = rng.uniform(-110.0, 95.0, rows * width).astype(np.float32)
+    s[::97] = -np.inf
+    s[5::389] = np.nan
+    m = np.float32(3.0)
+    like = np.zeros(1, np.uint16)
+    a = rng.standard_normal(rows * width).astype(ml_dtypes.bfloat16).view(np.uint16)
+    p, q = np.zeros(rows * width, np.float32), np.zeros(rows * width, np.float32)
+    t, u = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    k_softmax_exp(s, m, p, like, t, rows, width)
+    k_softmax_exp_ahead(s, m, q, like, u, rows, width, a, a_n)
+    np.testing.assert_array_equal(q.view(np.uint32), p.view(np.uint32))
+    np.testing.assert_array_equal(u.view(np.uint32), t.view(np.uint32))
+    want = np.empty_like(p)
+    k_exp_rounded(s, m, want, like)
+    for r in range(rows):
+        c = width - r % 19
+        np.testing.assert_array_equal(q[r * width:r * width + c], want[r * width:r * width + c])
+    assert np.isposinf(q).any() and ((q > 0) & (q < np.finfo(np.float32).tiny)).any()  # the range is covered
+
+
+@kernel
+def k_load_max(x, w, starts, n, scale, mask, use_scale, use_mask, out):
+    un = np.uint64(n)
+    for r in prange(starts.size):
+        at = np.uint64(starts[r])
+        if use_mask and use_scale:
+            out[r] = V.load_max(x, at, w[r], un, scale, mask, at)
+        elif use_mask:
+            out[r] = V.load_max(x, at, w[r], un, None, mask, at)
+        elif use_scale:
+            out[r] = V.load_max(x, at, w[r], un, scale, None, at)
+        else:
+            out[r] = V.load_max(x, at, w[r], un, None, None, at)
+
+
+@kernel
+def k_load_plain(x, w, starts, n, scale, mask, use_scale, use_mask):
+    for r in prange(starts.size):
+        for j in range(n):
+            v = dtypes.widen(x[starts[r] + j])
+            if use_scale:
+                v = v * scale
+            if use_mask:
+                v = v + mask[starts[r] + j]
+            w[r, j] = v
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("use_scale, use_mask", [(False, False), (True, False), (False, True), (True, True)])
+def test_load_max_is_the_loop_and_its_max(fmt, use_scale, use_mask):
+    """load_max fills w with the bits of the plain numba loop ``widen(x) * scale + mask`` (same
+    fast-math flags) and returns its max (NaN skipped, -inf when nothing else), for lengths around
+    the 16-lane vectors (0, 1, 15, 16, 17, 100) at unaligned starts; w past n is not written."""
+    rng = np.random.default_rng(9)
+    size = 800
+    x = (rng.standard_normal(size) * 30).astype(np.float32).astype({"fp32": np.float32, "bf16": ml_dtypes.bfloat16,
+                                                                    "fp16": np.float16}[fmt])
+    xk = dtypes.kernel_view(x)
+    mask = np.where(rng.random(size) < 0.2, -np.inf, rng.standard_normal(size)).astype(np.float32)
+    mask[3::41] = np.nan
+    for n in (0, 1, 15, 16, 17, 100):
+        starts = np.array([0, 3, 101, 250, 699 - n], np.int64)
+        w = np.full((starts.size, 128), 7.0, np.float32)
+        want = np.full_like(w, 7.0)
+        got_max = np.empty(starts.size, np.float32)
+        k_load_max(xk, w, starts, n, np.float32(0.7), mask, use_scale, use_mask, got_max)
+        k_load_plain(xk, want, starts, n, np.float32(0.7), mask, use_scale, use_mask)
+        np.testing.assert_array_equal(w.view(np.uint32), want.view(np.uint32))
+        for r in range(starts.size):
+            row = want[r, :n]
+            expect = np.nanmax(row) if n and not np.isnan(row).all() else -np.inf
+            assert got_max[r] == expect, (n, r, got_max[r], expect)

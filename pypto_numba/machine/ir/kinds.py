@@ -40,13 +40,17 @@ except Exception:  # an llvmlite without this (private) base class: callers use 
     BFloat = None
 
 
-def target_has_bf16_dot(context) -> bool:
-    """Whether the CPU numba compiles for has AVX512_BF16 (VDPBF16PS): the feature string numba's
-    codegen uses (``NUMBA_CPU_FEATURES``, else the host's), so a cached kernel matches it."""
-    if BFloat is None:
-        return False
+def target_has(context, feature: str) -> bool:
+    """Whether the CPU numba compiles for has ``feature`` (an LLVM name: ``"avx512f"``): the
+    feature string numba's codegen uses (``NUMBA_CPU_FEATURES``, else the host's), so a cached
+    kernel matches it."""
     try:
         features = context.codegen()._get_host_cpu_features()
-    except Exception:  # a numba without this hook: the FMA form is right everywhere
+    except Exception:  # a numba without this hook: the portable form is right everywhere
         return False
-    return "+avx512bf16" in str(features).split(",")
+    return f"+{feature}" in str(features).split(",")
+
+
+def target_has_bf16_dot(context) -> bool:
+    """Whether the target has AVX512_BF16 (VDPBF16PS) and llvmlite has the ``bfloat`` type."""
+    return BFloat is not None and target_has(context, "avx512bf16")

@@ -62,6 +62,17 @@ def mul_add(builder, acc, x, y):
     return builder.fadd(acc, builder.fmul(x, y, flags=CONTRACT), flags=CONTRACT)
 
 
+def scalef(builder, a, n):
+    """``a * 2^n`` for ``<16 x float>`` ``a`` and integer-valued ``n``, with one rounding
+    (VSCALEFPS, AVX-512F; the caller checks the target): subnormal and overflowing results are
+    rounded as one IEEE multiplication by the exact power of two would round them."""
+    vty = a.type
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vty, [vty, vty, vty, ir.IntType(16), I32]),
+        "llvm.x86.avx512.mask.scalef.ps.512")
+    return builder.call(fn, [a, n, a, ir.Constant(ir.IntType(16), -1), ir.Constant(I32, 4)])  # 4: MXCSR rounding
+
+
 def intrinsic_fn(builder, name, ty, nargs=1):
     """The overloaded LLVM intrinsic ``llvm.<name>.<f32|vNf32>`` on ``ty`` (e.g. floor, fabs)."""
     n = lanes_of(ty)
