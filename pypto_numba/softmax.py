@@ -7,7 +7,8 @@ result in x's dtype)::
                                          broadcastable to x, -inf allowed)
     softmax(x)[j] = cast(exp(v[j] - m) / l),   m = max_j v[j],   l = sum_j exp(v[j] - m)
 
-All math is fp32, with one rounding to the storage dtype at the end. A fully masked row (every
+All math is fp32, with one rounding to the storage dtype at the end (the division is a multiply by
+the fp32 reciprocal of l, as the kernels' ``arcp`` compiles it: ``machine/tile.store_div``). A fully masked row (every
 ``v[j] = -inf``, so m = -inf) returns zeros, never NaN (the formula alone gives -inf - -inf = NaN).
 NaN in x or the mask makes its row NaN, as torch.softmax (the max skips NaN, so a row of only NaN
 and -inf has m = -inf and returns zeros).
@@ -77,31 +78,16 @@ STRATEGIES = ("whole_row", "online")
 
 
 @device(forceinline=True)
-def _load_tile(x, x_off, mask, m_off, w, n, has_mask, has_scale, scale):
-    """``w[:n] = fp32(x[x_off:][:n]) * scale + mask[m_off:][:n]`` (the optional parts skipped)."""
-    seg = x[x_off:x_off + n]
+def _load_max(x, x_off, mask, m_off, w, n, has_mask, has_scale, scale):
+    """``w[:n] = fp32(x[x_off:][:n]) * scale + mask[m_off:][:n]`` (the optional parts skipped) and
+    the max of ``w[:n]``, in one pass (``vmath.load_max``)."""
     if has_mask:
-        mseg = mask[m_off:m_off + n]
         if has_scale:
-            for j in range(n):
-                w[j] = dtypes.widen(seg[j]) * scale + mseg[j]
-        else:
-            for j in range(n):
-                w[j] = dtypes.widen(seg[j]) + mseg[j]
-    elif has_scale:
-        for j in range(n):
-            w[j] = dtypes.widen(seg[j]) * scale
-    else:
-        for j in range(n):
-            w[j] = dtypes.widen(seg[j])
-
-
-@device(forceinline=True)
-def _store_div(w, out, o_off, n, l, cm):
-    """``out[o_off:][:n] = cast(w[:n] / l)``: the one rounding to the storage dtype (mode ``cm``)."""
-    dst = out[o_off:o_off + n]
-    for j in range(n):
-        dst[j] = dtypes.narrow(out, w[j] / l, cm)
+            return vmath.load_max(x, x_off, w, n, scale, mask, m_off)
+        return vmath.load_max(x, x_off, w, n, None, mask, m_off)
+    if has_scale:
+        return vmath.load_max(x, x_off, w, n, scale, None, m_off)
+    return vmath.load_max(x, x_off, w, n, None, None, m_off)
 
 
 @device(forceinline=True)
@@ -110,6 +96,12 @@ def _store_zeros(out, o_off, n):
     dst = out[o_off:o_off + n]
     for j in range(n):
         dst[j] = dtypes.narrow(out, np.float32(0.0))
+
+
+@device(forceinline=True)
+def _ahead(start, n, total):
+    """Elements of the ``n`` from ``start`` that lie inside an array of ``total`` (uint64s)."""
+    return min(np.uint64(n), total - start) if start < total else np.uint64(0)
 
 
 @kernel
@@ -127,6 +119,7 @@ def _whole_row_kernel(
     ops_per_elem,
     scratch,
     cm,
+    stream,
 ):
     """softmax of each row with the row in one work tile -> the cost counters.
 
@@ -139,6 +132,7 @@ def _whole_row_kernel(
     ops_per_elem : vector ops counted per element
     scratch : [threads, 1, >= length] fp32 work tiles
     cm : the cast mode of the narrowing to ``out`` (a ``dtypes.CastMode``: one kernel per mode)
+    stream : the output's whole lines with streaming stores, fenced at the end of each task
     """
     n_tasks = (n_rows + rows_per_task - 1) // rows_per_task
     itemsize = x.itemsize
@@ -156,13 +150,15 @@ def _whole_row_kernel(
         for row in range(r0, r1):
             base = np.uint64(row) * L
             m_off = np.uint64(mrow[row]) * L if has_mask else np.uint64(0)
-            _load_tile(x, base, mask, m_off, w, L, has_mask, has_scale, sc)
-            m = vmath.rowmax(w, np.uint64(0), L)  # amax
+            m = _load_max(x, base, mask, m_off, w, L, has_mask, has_scale, sc)  # load, amax
             if m == NEG_INF:
                 _store_zeros(out, base, L)
                 continue
-            s = vmath.softmax_exp(w, np.uint64(0), L, m, w, w)  # sub, exp (in place), sum
-            _store_div(w, out, base, L, s, cm)  # div, cast
+            ahead = L if row + 1 < n_rows else np.uint64(0)  # the next row, loaded while this one computes
+            s = vmath.softmax_exp_ahead(w, np.uint64(0), L, m, w, w, x, base + L, ahead)  # sub, exp, sum
+            tile.store_div(w, np.uint64(0), out, base, L, s, stream, cm)  # div, cast
+        if stream:
+            tile.store_fence()
         rows = r1 - r0
         tasks += 1
         gm_read += rows * length * (itemsize + mask_b)
@@ -187,6 +183,7 @@ def _online_kernel(
     ops_per_elem,
     scratch,
     cm,
+    stream,
 ):
     """softmax of each row in column tiles: running max and sum, then a second pass -> the counters.
 
@@ -196,7 +193,7 @@ def _online_kernel(
     col_tile : elements of one column tile (the last one of a row is a valid-shape tail)
     ops_per_elem : vector ops counted per element (``ONLINE_TILE_OPS`` more per row and tile)
     scratch : [threads, 1, >= col_tile] fp32 work tiles
-    cm : the cast mode, as :func:`_whole_row_kernel`
+    cm, stream : the cast mode and streaming stores, as :func:`_whole_row_kernel`
     """
     n_tasks = (n_rows + rows_per_task - 1) // rows_per_task
     n_tiles = (length + col_tile - 1) // col_tile
@@ -205,6 +202,7 @@ def _online_kernel(
     sc = np.float32(scale)
     L = np.uint64(length)
     zero = np.uint64(0)
+    total = np.uint64(n_rows) * L
     tasks = 0
     gm_read = 0
     gm_write = 0
@@ -221,23 +219,27 @@ def _online_kernel(
             for k in range(n_tiles):  # pass 1
                 c0 = np.uint64(k * col_tile)
                 n = np.uint64(min(col_tile, length - k * col_tile))
-                _load_tile(x, base + c0, mask, m_base + c0, w, n, has_mask, has_scale, sc)
-                m_new = max(m, vmath.rowmax(w, zero, n))
+                m_new = max(m, _load_max(x, base + c0, mask, m_base + c0, w, n, has_mask, has_scale, sc))
                 if m_new == NEG_INF:  # everything so far masked: nothing to add
                     continue
                 if m_new > m:  # the max grew: rescale the sum (exp(-inf) = 0 on the first tile)
                     l = l * vmath.exp(m - m_new)
                     m = m_new
-                l += vmath.softmax_exp(w, zero, n, m, w, w)
+                # the next tile loads while this one computes: this row's next, or its first again
+                nxt = base + c0 + n if k + 1 < n_tiles else base
+                l += vmath.softmax_exp_ahead(w, zero, n, m, w, w, x, nxt, _ahead(nxt, col_tile, total))
             if m == NEG_INF:
                 _store_zeros(out, base, L)
                 continue
             for k in range(n_tiles):  # pass 2: exp(v - m) / l
                 c0 = np.uint64(k * col_tile)
                 n = np.uint64(min(col_tile, length - k * col_tile))
-                _load_tile(x, base + c0, mask, m_base + c0, w, n, has_mask, has_scale, sc)
-                vmath.softmax_exp(w, zero, n, m, w, w)
-                _store_div(w, out, base + c0, n, l, cm)
+                _load_max(x, base + c0, mask, m_base + c0, w, n, has_mask, has_scale, sc)  # the max unused
+                nxt = base + c0 + n  # this row's next tile, or the next row's first
+                vmath.softmax_exp_ahead(w, zero, n, m, w, w, x, nxt, _ahead(nxt, col_tile, total))
+                tile.store_div(w, zero, out, base + c0, n, l, stream, cm)
+        if stream:
+            tile.store_fence()
         rows = r1 - r0
         tasks += 1
         gm_read += 2 * rows * length * (itemsize + mask_b)
@@ -457,7 +459,7 @@ def _mask_rows(where, mask, shape):
     return m2.reshape(-1), np.ascontiguousarray(rows), copied
 
 
-def _run(strategy, x, mask, scale, profile, row_tile, col_tile=None, cast_mode=None):
+def _run(strategy, x, mask, scale, profile, row_tile, col_tile=None, cast_mode=None, out=None):
     where = f"softmax.{strategy}"
     xt = inputs.tensor(x, "x", where)
     _check_scale(where, scale)
@@ -470,46 +472,56 @@ def _run(strategy, x, mask, scale, profile, row_tile, col_tile=None, cast_mode=N
                         col_tile=col_tile)
     m_flat, m_rows, m_copied = _mask_rows(where, mask, xt.shape) if has_mask else (_NO_MASK, _NO_ROWS, 0)
     prm = p.params
-    result, out_k = tile.aligned_empty(xt.shape, xt.dtype)
+    if out is None and tile.streamable(xt.kview):
+        result, out_k = tile.empty_apart(xt.shape, xt.dtype, xt.array)  # placed for streaming
+    else:
+        result, out_k = inputs.output(where, xt, out)
+    # large outputs: streaming stores (no read for ownership), unless out starts just past x
+    # within a page (loads would wait for the stores: 4K aliasing)
+    stream = tile.streamable(out_k) and tile.streams_apart(out_k, xt.kview)
+    if out is not None and has_mask and np.may_share_memory(out, mask):
+        raise ConstraintError(f"{where}: out overlaps the mask, whose rows later rows still read; "
+                              f"pass a separate out")
     scratch = tile.scratch(prm["width"], np.float32, 1)
     sc = 1.0 if scale is None else float(scale)
     xk, ok = xt.kview.reshape(-1), out_k.reshape(-1)
     with Launch(p, [xt.shape]) as run:
         if strategy == "whole_row":
             run.count(_whole_row_kernel(xk, m_flat, m_rows, ok, prm["n_rows"], prm["length"], prm["rows_per_task"],
-                                        has_mask, scale is not None, sc, prm["ops_per_elem"], scratch, cm))
+                                        has_mask, scale is not None, sc, prm["ops_per_elem"], scratch, cm, stream))
         else:
             run.count(_online_kernel(xk, m_flat, m_rows, ok, prm["n_rows"], prm["length"], prm["rows_per_task"],
                                      prm["col_tile"], has_mask, scale is not None, sc, prm["ops_per_elem"], scratch,
-                                     cm))
+                                     cm, stream))
         run.workspace(xt.copied_bytes + m_copied)
     return result
 
 
 @register("softmax", "whole_row", plan=plan_whole_row,
           summary="amax -> sub -> exp -> sum -> div with the whole row in one UB tile")
-def whole_row(x, *, mask=None, scale=None, profile=None, row_tile=None, cast_mode=None):
+def whole_row(x, *, mask=None, scale=None, profile=None, row_tile=None, cast_mode=None, out=None):
     """softmax over the last dim with each row in one UB tile (the seed's formulation).
 
     ``mask``: additive float32 array broadcastable to x (-inf masks out; a fully masked row gives
     zeros); ``scale``: x is multiplied by it first; ``row_tile``: most rows per task (default
     ``softmax_row_tile``). Rows whose fp32 tile exceeds the 64 KiB reduction limit raise TileError:
     use :func:`online`. ``cast_mode``: the rounding of the one fp32 -> bf16/fp16 cast
-    (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint).
+    (``machine/dtypes.py``; default from ``use_cast_mode`` / the profile: rint). ``out``: an array
+    of x's shape and dtype to write into (C-contiguous; may be x itself, in place).
     """
-    return _run("whole_row", x, mask, scale, profile, row_tile, cast_mode=cast_mode)
+    return _run("whole_row", x, mask, scale, profile, row_tile, cast_mode=cast_mode, out=out)
 
 
 @register("softmax", "online", plan=plan_online,
           summary="column tiles with a running max and sum, then a second normalising pass")
-def online(x, *, mask=None, scale=None, profile=None, row_tile=None, col_tile=None, cast_mode=None):
+def online(x, *, mask=None, scale=None, profile=None, row_tile=None, col_tile=None, cast_mode=None, out=None):
     """softmax over the last dim for rows of any length: running max and sum over column tiles
     (the sum rescaled when the max grows), then a second pass writing ``exp(v - m)/l``.
 
     ``col_tile``: elements per column tile (default ``softmax_col_tile``); other options as
     :func:`whole_row`. GM: x (and the mask) are read twice.
     """
-    return _run("online", x, mask, scale, profile, row_tile, col_tile, cast_mode)
+    return _run("online", x, mask, scale, profile, row_tile, col_tile, cast_mode, out)
 
 
 # --- lab spec ---

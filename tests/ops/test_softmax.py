@@ -163,3 +163,35 @@ def test_compare_passes(rng):
     x = make((8, 1000), "bf16", rng, scale=2.0)
     c = pn.compare("softmax", x, repeats=1)
     assert [r.verdict for r in c.rows] == ["PASS", "PASS"], c.to_table()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_out_separate_and_in_place_give_the_same_bits(strategy, dtype, rng):
+    """out= (a separate array, or x itself) gets the bits of the call that allocates, with a mask
+    and a scale and column tiles; a large out= streams its lines (the same bits); bad out= and an
+    out overlapping the mask are refused."""
+    fn = STRATEGIES[strategy]
+    kw = dict(col_tile=256) if strategy == "online" else {}
+    for shape in ((5, 1000), (300, 4099)):  # the second one is large enough to stream
+        x = make(shape, dtype, rng, scale=3.0)
+        mask = (rng.standard_normal(shape[-1:]) * 0.5).astype(np.float32)
+        want = fn(x, mask=mask, scale=0.5, **kw)
+        out = np.full_like(x, 7)
+        assert fn(x, mask=mask, scale=0.5, out=out, **kw) is out
+        assert np.array_equal(out.view(np.uint8), want.view(np.uint8))
+        y = x.copy()
+        assert fn(y, mask=mask, scale=0.5, out=y, **kw) is y
+        assert np.array_equal(y.view(np.uint8), want.view(np.uint8))
+    x = make((4, 64), dtype, rng)
+    with pytest.raises(pn.PyptoNumbaError, match="dtype"):
+        fn(x, out=np.empty((4, 64), np.float64))
+    with pytest.raises(pn.PyptoNumbaError, match="shape"):
+        fn(x, out=np.empty_like(x)[:, :32])
+    with pytest.raises(pn.PyptoNumbaError, match="overlaps x partially"):
+        big = np.zeros((5, 64), x.dtype)
+        big[:4] = x
+        fn(big[:4], out=big[1:])
+    if dtype == "fp32":
+        m = np.zeros((4, 64), np.float32)
+        with pytest.raises(pn.PyptoNumbaError, match="overlaps the mask"):
+            fn(x, mask=m, out=m)
