@@ -8,8 +8,9 @@ result in x's dtype)::
     softmax(x)[j] = cast(exp(v[j] - m) / l),   m = max_j v[j],   l = sum_j exp(v[j] - m)
 
 All math is fp32, with one rounding to the storage dtype at the end (the division is a multiply by
-the fp32 reciprocal of l, as the kernels' ``arcp`` compiles it: ``machine/tile.store_div``). A fully masked row (every
-``v[j] = -inf``, so m = -inf) returns zeros, never NaN (the formula alone gives -inf - -inf = NaN).
+the fp32 reciprocal of l, as the kernels' ``arcp`` compiles it: ``machine/tile.store_div``). A fully
+masked row (every ``v[j] = -inf``, so m = -inf) returns zeros, never NaN (the formula alone gives
+-inf - -inf = NaN).
 NaN in x or the mask makes its row NaN, as torch.softmax (the max skips NaN, so a row of only NaN
 and -inf has m = -inf and returns zeros).
 
@@ -139,6 +140,7 @@ def _whole_row_kernel(
     mask_b = 4 if has_mask else 0
     sc = np.float32(scale)
     L = np.uint64(length)
+    total = np.uint64(n_rows) * L
     tasks = 0
     gm_read = 0
     gm_write = 0
@@ -154,8 +156,8 @@ def _whole_row_kernel(
             if m == NEG_INF:
                 _store_zeros(out, base, L)
                 continue
-            ahead = L if row + 1 < n_rows else np.uint64(0)  # the next row, loaded while this one computes
-            s = vmath.softmax_exp_ahead(w, np.uint64(0), L, m, w, w, x, base + L, ahead)  # sub, exp, sum
+            # sub, exp, sum; the next row loads while this one computes
+            s = vmath.softmax_exp_ahead(w, np.uint64(0), L, m, w, w, x, base + L, _ahead(base + L, L, total))
             tile.store_div(w, np.uint64(0), out, base, L, s, stream, cm)  # div, cast
         if stream:
             tile.store_fence()
