@@ -62,12 +62,19 @@ import math as _math
 import numbers
 
 import numpy as np
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.extending import intrinsic
 
 from . import inputs
 from .errors import ConstraintError, DTypeError, ShapeError
 from .machine import dtypes, tile as tiles, vmath
-from .machine.cube.epilogue import clamp_gate as _clamp_gate, clamp_up as _clamp_up, silu as _silu
+from .machine import ir as irb
+from .machine.cube.epilogue import (
+    clamp_gate as _clamp_gate, clamp_gate_ir as _clamp_gate_ir, clamp_up as _clamp_up, clamp_up_ir as _clamp_up_ir,
+    silu as _silu, silu_ir as _silu_ir,
+)
+from .machine.ir.lines import LINE
 from .machine.jit import device, kernel
 from .machine.memo import CallMemo, memo_plan
 from .machine.plan import KernelPlan, Plan, align_elems, vector_tile
@@ -86,6 +93,7 @@ _FASTMATH = set(vmath.VMATH_FASTMATH)
 _dev = device(fastmath=_FASTMATH, forceinline=True)
 
 FUSED, SILU, MUL = 0, 1, 2  # the kernel's ``mode``: what one tile task computes
+AHEAD_BYTES = 2048  # how far ahead of its loads a span prefetches (docs/performance.md)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,27 +101,88 @@ FUSED, SILU, MUL = 0, 1, 2  # the kernel's ``mode``: what one tile task computes
 # vector core); offsets are uint64 (machine/jit.py)
 
 
-@_dev
-def _fused_row(a, a_off, b, b_off, out, o_off, n, lim, cm):
-    """``out[o_off:][:n] = cast(silu(clamp(gate)) * clamp(up))``, gate from ``a``, up from ``b``."""
-    for j in range(n):
-        g = _clamp_gate(dtypes.widen(a[a_off + j]), lim)
-        u = _clamp_up(dtypes.widen(b[b_off + j]), lim)
-        out[o_off + j] = dtypes.narrow(out, _silu(g) * u, cm)
+def _f32(builder, kind, x, u, lim):
+    """The kernel ``kind``'s fp32 math on float32 IR values ``x`` (gate or h) and ``u`` (up), ``lim``
+    a float32 scalar: ``silu(clamp_gate(x)) * clamp_up(u)``, ``silu(clamp_gate(x))`` or
+    ``x * clamp_up(u)``."""
+    o = irb.FOps(builder, x.type)
+    lv = lim if isinstance(x.type, ir.FloatType) else irb.splat(builder, lim, x.type)
+    if kind == MUL:
+        return o.mul(x, _clamp_up_ir(builder, u, lv))
+    y = _silu_ir(builder, _clamp_gate_ir(builder, x, lv))
+    return y if kind == SILU else o.mul(y, _clamp_up_ir(builder, u, lv))
+
+
+def _span(kind):
+    @intrinsic
+    def span(typingctx, a, a_off, b, b_off, dst, d_off, n, lim, ahead, stream, mode):
+        """``dst[d_off + i] = narrow(f(a[a_off + i], b[b_off + i]))`` for ``i < n``, ``f`` the
+        kernel's ``mode`` (``FUSED``: ``silu(clamp_gate(a)) * clamp_up(b)``; ``SILU``:
+        ``silu(clamp_gate(a))``, ``b`` unread; ``MUL``: ``a * clamp_up(b)``), fp32 math and one
+        rounding by ``mode`` (a ``dtypes.CastMode``), in LLVM IR: the elements up to ``dst``'s first
+        64-byte line one at a time, then one whole line per step (16 fp32 or 32 16-bit lanes in
+        512-bit vectors), then the rest one at a time. Flat kernel views of one dtype, uint64
+        offsets and count, ``lim`` float32 (``+inf``: no clamp). ``ahead`` (uint64, 0: none):
+        each whole-line step also prefetches the lines ``ahead`` elements further on in ``a`` and
+        ``b`` (the caller keeps them inside the arrays): the next tile's loads overlap this tile's
+        exp, the NPU's double buffering. ``stream``: the whole lines go out with streaming stores
+        (the caller fences and checks ``tile.streams_apart``).
+        Explicit 512-bit vectors: LLVM gives the plain loop (:func:`_span_plain`, same bits)
+        256-bit ones, and the exp makes the kernel compute-bound at that width.
+        """
+        if not (isinstance(a, types.Array) and isinstance(b, types.Array) and isinstance(dst, types.Array)
+                and a.dtype == b.dtype == dst.dtype and a.dtype in (types.float32, types.uint16, types.int16)
+                and isinstance(mode, dtypes.CastModeType)):
+            return None
+        cast = mode.mode
+
+        def codegen(context, builder, sig, args):
+            a_arr, b_arr, d_arr = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2, 4))
+            ao, bo, do, cnt, lim, ahead_, stream_ = args[1], args[3], args[5], args[6], args[7], args[8], args[9]
+            el = sig.args[0].dtype
+            zero = ir.Constant(ir.IntType(64), 0)
+
+            def step(start, count, lanes, nt):
+                def body(j):
+                    if lanes > 1:
+                        with builder.if_then(builder.icmp_unsigned("!=", ahead_, zero)):
+                            for arr, off in ((a_arr, ao), (b_arr, bo))[: 1 if kind == SILU else 2]:
+                                irb.prefetch(builder, builder.gep(arr.data, [builder.add(builder.add(off, j), ahead_)]))
+                    x = irb.load_widen(builder, a_arr.data, builder.add(ao, j), el, lanes, fp16_hw=True)
+                    u = x if kind == SILU else irb.load_widen(builder, b_arr.data, builder.add(bo, j), el, lanes,
+                                                              fp16_hw=True)
+                    dtypes.store_narrow_mode(builder, _f32(builder, kind, x, u, lim), d_arr.data, builder.add(do, j), el,
+                                             lanes, cast, align=LINE if nt else 1, nontemporal=nt)
+
+                irb.steps(builder, start, count, lanes, body)
+
+            size = context.get_abi_sizeof(context.get_data_type(el))
+            irb.line_span(builder, builder.gep(d_arr.data, [do]), cnt, size, step, stream_)
+            return context.get_dummy_value()
+
+        u64 = types.uint64
+        return types.void(a, u64, b, u64, dst, u64, u64, types.float32, u64, types.boolean, mode), codegen
+
+    return span
+
+
+_SPANS = {k: _span(k) for k in (FUSED, SILU, MUL)}
+_span_fused, _span_silu, _span_mul = _SPANS[FUSED], _SPANS[SILU], _SPANS[MUL]
 
 
 @_dev
-def _silu_row(a, a_off, out, o_off, n, lim, cm):
-    """``out[o_off:][:n] = cast(silu(clamp(gate)))``: the silu kernel of ``separate``."""
+def _span_plain(a, a_off, b, b_off, dst, d_off, n, lim, mode, cm):
+    """:func:`_span` as a plain numba loop, the readable reference (the same operations in the same
+    order, so the same bits: ``tests/ops/test_swiglu.py``); no streaming, LLVM's vector width."""
     for j in range(n):
-        out[o_off + j] = dtypes.narrow(out, _silu(_clamp_gate(dtypes.widen(a[a_off + j]), lim)), cm)
-
-
-@_dev
-def _mul_row(a, a_off, b, b_off, out, o_off, n, lim, cm):
-    """``out[o_off:][:n] = cast(h * clamp(up))``, h from ``a``: the mul kernel of ``separate``."""
-    for j in range(n):
-        out[o_off + j] = dtypes.narrow(out, dtypes.widen(a[a_off + j]) * _clamp_up(dtypes.widen(b[b_off + j]), lim), cm)
+        x = dtypes.widen(a[a_off + j])
+        if mode == MUL:
+            y = x * _clamp_up(dtypes.widen(b[b_off + j]), lim)
+        elif mode == SILU:
+            y = _silu(_clamp_gate(x, lim))
+        else:
+            y = _silu(_clamp_gate(x, lim)) * _clamp_up(dtypes.widen(b[b_off + j]), lim)
+        dst[d_off + j] = dtypes.narrow(dst, y, cm)
 
 
 @kernel(fastmath=_FASTMATH)
@@ -133,6 +202,7 @@ def _swiglu_kernel(
     lim,
     ops_per_elem,
     cm,
+    stream,
 ):
     """One kernel of a strategy over ``[n_rows, n_cols]`` results -> the cost counters.
 
@@ -146,12 +216,15 @@ def _swiglu_kernel(
     lim : the clamp limit (``+inf``: no clamp)
     ops_per_elem : vector ops counted per element
     cm : the cast mode of the narrowing to ``out`` (a ``dtypes.CastMode``: one kernel per mode)
+    stream : write ``out`` with streaming stores (``tile.streamable`` and apart from the inputs)
     """
     n_cb = (n_cols + col_tile - 1) // col_tile
     n_tasks = ((n_rows + rows_per_task - 1) // rows_per_task) * n_cb
     read_per_elem = a.itemsize + (0 if mode == SILU else b.itemsize)
     write_per_elem = out.itemsize
     lim32 = np.float32(lim)
+    ahead = np.uint64(AHEAD_BYTES // a.itemsize)
+    a_size, b_size, zero = np.uint64(a.size), np.uint64(b.size), np.uint64(0)
     tasks = 0
     gm_read = 0
     gm_write = 0
@@ -167,12 +240,16 @@ def _swiglu_kernel(
             ao = np.uint64(a_off + r * a_stride + c0)
             bo = np.uint64(b_off + r * b_stride + c0)
             oo = np.uint64(r * n_cols + c0)
+            far = max(ao + n, bo + n) + ahead  # the prefetches stay inside a and b
+            pf = ahead if far <= a_size and far <= b_size else zero
             if mode == FUSED:
-                _fused_row(a, ao, b, bo, out, oo, n, lim32, cm)
+                _span_fused(a, ao, b, bo, out, oo, n, lim32, pf, stream, cm)
             elif mode == SILU:
-                _silu_row(a, ao, out, oo, n, lim32, cm)
+                _span_silu(a, ao, a, ao, out, oo, n, lim32, pf, stream, cm)
             else:
-                _mul_row(a, ao, b, bo, out, oo, n, lim32, cm)
+                _span_mul(a, ao, b, bo, out, oo, n, lim32, pf, stream, cm)
+        if stream:
+            tiles.store_fence()
         elems = (r1 - r0) * cols
         tasks += 1
         gm_read += elems * read_per_elem
@@ -373,9 +450,15 @@ def _prepare(kind, x, up, limit, profile, tile, out):
     return c, arrays, sum(t.copied_bytes for t in tensors)
 
 
+def _stream(out_k, *srcs):
+    """Streaming stores for a large ``out_k``, unless it starts just past a source within a page
+    (loads would wait for the stores: 4K aliasing, ``tile.streams_apart``)."""
+    return tiles.streamable(out_k) and all(tiles.streams_apart(out_k, s) for s in srcs)
+
+
 def _launch(c, x, up, out, copied, cm):
     if out is None:
-        result, out_k = tiles.aligned_empty(c.shape, c.dtype)
+        result, out_k = tiles.empty_apart(c.shape, c.dtype, x)  # placed for streaming from x
     else:
         _check_out_memory(c.where, out, x, up)
         result, out_k = out, dtypes.kernel_view(out)
@@ -388,12 +471,14 @@ def _launch(c, x, up, out, copied, cm):
     ops = prm["ops_per_elem"]
     with Launch(c.plan, c.shapes) as run:
         if c.kind == "fused":
-            run.count(_swiglu_kernel(xk, g_off, g_stride, uk, u_off, u_stride, ok, *shape, FUSED, c.lim, ops[0], cm))
+            run.count(_swiglu_kernel(xk, g_off, g_stride, uk, u_off, u_stride, ok, *shape, FUSED, c.lim, ops[0],
+                                     cm, _stream(ok, xk, uk)))
         else:
             h = c.workspaces.take()  # silu(gate) in GM, the storage dtype
-            run.count(_swiglu_kernel(xk, g_off, g_stride, xk, 0, 0, h, *shape, SILU, c.lim, ops[0], cm),
-                      workspace_bytes=h.nbytes)
-            run.count(_swiglu_kernel(h, 0, prm["n_cols"], uk, u_off, u_stride, ok, *shape, MUL, c.lim, ops[1], cm))
+            run.count(_swiglu_kernel(xk, g_off, g_stride, xk, 0, 0, h, *shape, SILU, c.lim, ops[0], cm,
+                                     _stream(h, xk)), workspace_bytes=h.nbytes)
+            run.count(_swiglu_kernel(h, 0, prm["n_cols"], uk, u_off, u_stride, ok, *shape, MUL, c.lim, ops[1], cm,
+                                     _stream(ok, h, uk)))
             c.workspaces.give(h)
         run.workspace(copied)
     return result

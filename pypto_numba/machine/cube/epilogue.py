@@ -14,31 +14,61 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes, vmath
+from numba import types
+from numba.extending import intrinsic
+
+from .. import dtypes, ir as irb, vmath
 from ..jit import device
 
 NEG_INF = np.float32(-np.inf)
-_act = device(fastmath=set(vmath.VMATH_FASTMATH), forceinline=True)  # elementwise: no reassociation
 
 
-@_act
-def silu(g):
-    """``g * sigmoid(g)`` in fp32; ``silu(-inf) = 0``, the limit (the formula gives -inf * 0 = nan)."""
-    h = g * vmath.sigmoid(g)
-    return np.float32(0.0) if g == NEG_INF else h
+# The activation in LLVM IR on a float32 scalar or ``<L x float>`` vector (``lim`` a value of the
+# same type): written once here, for swiglu's 512-bit spans, and wrapped below for numba code.
+
+def silu_ir(builder, g):
+    """``g * sigmoid(g)``; ``silu(-inf) = 0``, the limit (the formula gives -inf * 0 = nan)."""
+    o = irb.FOps(builder, g.type)
+    return o.select(o.eq(g, float(NEG_INF)), 0.0, o.mul(g, vmath.sigmoid_ir(builder, g)))
 
 
-@_act
-def clamp_gate(g, lim):
+def clamp_gate_ir(builder, g, lim):
     """``min(g, lim)``, torch's ``clamp(max=lim)``: NaN stays NaN; ``lim = +inf`` is no clamp."""
-    return lim if g > lim else g
+    o = irb.FOps(builder, g.type)
+    return o.select(o.gt(g, lim), lim, g)
 
 
-@_act
-def clamp_up(u, lim):
+def clamp_up_ir(builder, u, lim):
     """``u`` clamped to ``[-lim, lim]``, torch's ``clamp(-lim, lim)``: NaN stays NaN."""
-    u = lim if u > lim else u
-    return -lim if u < -lim else u
+    o = irb.FOps(builder, u.type)
+    u = o.select(o.gt(u, lim), lim, u)
+    neg = builder.fneg(lim)
+    return o.select(o.lt(u, neg), neg, u)
+
+
+def _is_num(*args):
+    return all(isinstance(a, (types.Float, types.Integer)) for a in args)
+
+
+@intrinsic
+def silu(typingctx, g):
+    """:func:`silu_ir` on a float32 scalar (numba casts the argument to float32)."""
+    if _is_num(g):
+        return types.float32(types.float32), lambda context, builder, sig, a: silu_ir(builder, *a)
+
+
+@intrinsic
+def clamp_gate(typingctx, g, lim):
+    """:func:`clamp_gate_ir` on float32 scalars."""
+    if _is_num(g, lim):
+        return types.float32(types.float32, types.float32), lambda context, builder, sig, a: clamp_gate_ir(builder, *a)
+
+
+@intrinsic
+def clamp_up(typingctx, u, lim):
+    """:func:`clamp_up_ir` on float32 scalars."""
+    if _is_num(u, lim):
+        return types.float32(types.float32, types.float32), lambda context, builder, sig, a: clamp_up_ir(builder, *a)
 
 
 @device(boundscheck=False)
