@@ -175,6 +175,34 @@ def gather_rows_plain(dst, src, ids, r0, row, off, nbytes, joins):
         copy(src, np.uint64(ids[r + one]) * row, dst, at + tail, off)
 
 
+def _store_span(context, builder, w_arr, wo, dst, do, cnt, stream, kind, cast, value):
+    """``dst[do + i] = narrow(value(w_i))`` for ``i < cnt``, ``w_i`` the float32 ``w[wo + i]`` (a
+    scalar or a ``<lanes x float>`` vector) and ``value(w_i, i, lanes)`` its fp32 result: one line of
+    ``dst`` per step in 512-bit vectors, the partial lines at both ends one element at a time,
+    the whole lines with streaming stores when ``stream`` (an i1/i8 value)."""
+
+    def step(start, count, lanes, nt):
+        def body(j):
+            v = value(irb.load_widen(builder, w_arr.data, builder.add(wo, j), types.float32, lanes), j, lanes)
+            dtypes.store_narrow_mode(builder, v, dst.data, builder.add(do, j), kind, lanes, cast,
+                                     align=LINE if nt else 1, nontemporal=nt)
+
+        irb.steps(builder, start, count, lanes, body)
+
+    size = context.get_abi_sizeof(context.get_data_type(kind))
+    irb.line_span(builder, builder.gep(dst.data, [do]), cnt, size, step, stream)
+
+
+def _store_typing(w, dst, mode):
+    return (isinstance(w, types.Array) and w.dtype == types.float32 and isinstance(dst, types.Array)
+            and dst.dtype in (types.float32, types.uint16, types.int16) and isinstance(mode, dtypes.CastModeType))
+
+
+def _times(builder, s, v):
+    """``v * s`` for a float32 scalar ``s`` and a float32 scalar or vector ``v``."""
+    return builder.fmul(v, s if v.type == s.type else irb.splat(builder, s, v.type))
+
+
 @intrinsic
 def store_div(typingctx, w, w_off, dst, d_off, n, d, stream, mode):
     """``dst[d_off + i] = narrow(w[w_off + i] * (1 / d))`` for ``i < n``: a float32 tile divided
@@ -188,32 +216,57 @@ def store_div(typingctx, w, w_off, dst, d_off, n, d, stream, mode):
     ``stream``: the whole lines go out with streaming stores (the caller fences and checks
     :func:`streams_apart`; ``dst`` a whole number of elements off a line).
     """
-    if not (isinstance(w, types.Array) and w.dtype == types.float32 and isinstance(dst, types.Array)
-            and dst.dtype in (types.float32, types.uint16, types.int16) and isinstance(mode, dtypes.CastModeType)):
+    if not _store_typing(w, dst, mode):
         return None
-    cast = mode.mode
 
     def codegen(context, builder, sig, args):
-        w_arr = context.make_array(sig.args[0])(context, builder, args[0])
-        d_arr = context.make_array(sig.args[2])(context, builder, args[2])
-        wo, do, cnt, stream_ = args[1], args[3], args[4], args[6]
+        w_arr, d_arr = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2))
         rcp = builder.fdiv(ir.Constant(ir.FloatType(), 1.0), args[5])
-        kind = sig.args[2].dtype
-
-        def step(start, count, lanes, nt):
-            def body(j):
-                v = irb.load_widen(builder, w_arr.data, builder.add(wo, j), types.float32, lanes)
-                y = builder.fmul(v, rcp if lanes == 1 else irb.splat(builder, rcp, v.type))
-                dtypes.store_narrow_mode(builder, y, d_arr.data, builder.add(do, j), kind, lanes, cast,
-                                         align=LINE if nt else 1, nontemporal=nt)
-
-            irb.steps(builder, start, count, lanes, body)
-
-        size = context.get_abi_sizeof(context.get_data_type(kind))
-        irb.line_span(builder, builder.gep(d_arr.data, [do]), cnt, size, step, stream_)
+        _store_span(context, builder, w_arr, args[1], d_arr, args[3], args[4], args[6], sig.args[2].dtype, mode.mode,
+                    lambda v, j, lanes: _times(builder, rcp, v))
         return context.get_dummy_value()
 
     return types.void(w, types.uint64, dst, types.uint64, types.uint64, types.float32, types.boolean, mode), codegen
+
+
+@intrinsic
+def store_cast(typingctx, w, w_off, dst, d_off, n, stream, mode):
+    """``dst[d_off + i] = narrow(w[w_off + i])`` for ``i < n``: a float32 tile cast (TCVT, by
+    ``mode``) and stored to GM; arguments and streaming as :func:`store_div`'s."""
+    if not _store_typing(w, dst, mode):
+        return None
+
+    def codegen(context, builder, sig, args):
+        w_arr, d_arr = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2))
+        _store_span(context, builder, w_arr, args[1], d_arr, args[3], args[4], args[5], sig.args[2].dtype, mode.mode,
+                    lambda v, j, lanes: v)
+        return context.get_dummy_value()
+
+    return types.void(w, types.uint64, dst, types.uint64, types.uint64, types.boolean, mode), codegen
+
+
+@intrinsic
+def store_scale_mul(typingctx, w, w_off, s, g, dst, d_off, n, stream, mode):
+    """``dst[d_off + i] = narrow((w[w_off + i] * s) * g[i])`` for ``i < n``: a float32 tile times a
+    scalar (TMULS), times a float32 row ``g`` read from its start (TMUL), cast by ``mode`` and
+    stored to GM (a normalisation: a row times its scale, times the weights); ``s`` float32, the
+    rest as :func:`store_div`'s."""
+    if not (_store_typing(w, dst, mode) and isinstance(g, types.Array) and g.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        w_arr, g_arr, d_arr = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 3, 4))
+
+        def value(v, j, lanes):
+            gv = irb.load_widen(builder, g_arr.data, j, types.float32, lanes)
+            return builder.fmul(_times(builder, args[2], v), gv)
+
+        _store_span(context, builder, w_arr, args[1], d_arr, args[5], args[6], args[7], sig.args[4].dtype, mode.mode,
+                    value)
+        return context.get_dummy_value()
+
+    u64 = types.uint64
+    return types.void(w, u64, types.float32, g, dst, u64, u64, types.boolean, mode), codegen
 
 
 @intrinsic

@@ -36,11 +36,11 @@ and the Linear multiplies its fp32 accumulator by ``r_i`` in the epilogue. Again
 Linear it saves the ``N*D*bx`` write of the normed rows and their read back (the Linear reads x
 instead), and the weight row of every task; it rounds ``W * g`` once to the weight's dtype instead
 of the normed activations to x's. ``r`` comes from plain's kernel, its row loop and its
-``1/sqrt(ss/D + eps)`` (:func:`~.kernels.row_rstd`), but the kernel's fast-math flags (``arcp``,
-``afn``, ``contract``; machine/jit.py) let LLVM compile plain's ``x * r * g`` and deferred's stored
-``r`` differently: ``x * deferred(x)[:, None]`` is within 2 fp32 ulps of ``plain(x, ones)``, not
-bit for bit. (They also let LLVM compute ``1/sqrt`` as an ``rsqrt`` estimate with a refinement
-step, so an all-zero row with ``eps=0`` gives NaN, not inf, in both.)
+``1/sqrt(ss/D + eps)`` (:func:`~.kernels.row_rstd`), and plain stores ``(x * r) * g`` from that
+same fp32 ``r`` (``tile.store_scale_mul``), so ``plain(x, w)`` is exactly
+``((x * deferred(x)[:, None]) * w)`` rounded once to x's dtype. (The kernel's fast-math flags,
+machine/jit.py, let LLVM compute ``1/sqrt`` as an ``rsqrt`` estimate with a refinement step, so an
+all-zero row with ``eps=0`` gives NaN, not inf, in both.)
 
 An add kernel then ``plain`` reads the new residual back: ``fused_add`` saves one kernel and
 N*D*br bytes of GM reads (plus, with an fp32 residual and bf16 x, the cast kernel of the normed

@@ -6,7 +6,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..machine import dtypes
+from ..machine import dtypes, tile
 from ..machine.jit import device, kernel
 
 NORM_OPS = 4  # per element: x*x, sum, *inv, *w
@@ -44,7 +44,8 @@ def row_rstd(ss, inv_d, eps32):
 def norm_row(y, wf, dst, d_off, uD, ss, inv_d, eps32, cm=None):
     """``dst[d_off:][:D] = y * 1/sqrt(ss/D + eps) * wf`` for the fp32 row ``y`` and its sum of
     squares ``ss`` (summed by the caller in the loop that fills ``y``, as rope.rmsnorm does);
-    ``cm``: the cast mode of the narrowing (a ``dtypes.CastMode``; omitted: rint)."""
+    ``cm``: the cast mode of the narrowing (a ``dtypes.CastMode``; omitted: rint). The readable
+    form of the kernel's ``tile.store_scale_mul`` (same bits, plain stores)."""
     rstd = row_rstd(ss, inv_d, eps32)
     for j in range(uD):
         dst[d_off + j] = dtypes.narrow(dst, y[j] * rstd * wf[j], cm)
@@ -66,6 +67,8 @@ def _rmsnorm_kernel(
     row_ops,
     fscratch,
     cm,
+    stream_out,
+    stream_res,
 ):
     """plain (``add`` False), fused_add or deferred (``scale_only``) RMSNorm of ``[N, D]`` rows
     -> the cost counters. One kernel for the three, so deferred's scale comes from the loop and
@@ -84,6 +87,8 @@ def _rmsnorm_kernel(
     row_ops : vector ops counted per row (3 rsqrt, 4 recip_sqrt)
     fscratch : [threads, 2, D] fp32 rows (the widened row, the weight)
     cm : the cast mode of both narrowings (normed, new residual; a ``dtypes.CastMode``)
+    stream_out, stream_res : write ``out`` / ``new_res`` with streaming stores (large outputs apart
+        from the inputs: ``tile.streamable``, ``tile.streams_apart``)
     """
     N, D = x.shape
     uD = np.uint64(D)
@@ -123,8 +128,7 @@ def _rmsnorm_kernel(
                     v = dtypes.widen(dtypes.narrow(nf, dtypes.widen(rf[off + j]) + dtypes.widen(xf[off + j]), cm))
                     y[j] = v
                     ss += v * v
-                for j in range(uD):
-                    nf[off + j] = dtypes.narrow(nf, y[j], cm)  # exact: y[j] is representable
+                tile.store_cast(y, np.uint64(0), nf, off, uD, stream_res, cm)  # exact: y[j] is representable
             else:
                 for j in range(uD):
                     v = dtypes.widen(xf[off + j])
@@ -133,7 +137,9 @@ def _rmsnorm_kernel(
             if scale_only:
                 scale[r0 + t] = row_rstd(ss, inv_d, eps32)
             else:
-                norm_row(y, wf, of, off, uD, ss, inv_d, eps32, cm)
+                tile.store_scale_mul(y, np.uint64(0), row_rstd(ss, inv_d, eps32), wf, of, off, uD, stream_out, cm)  # norm_row's store
+        if stream_out or stream_res:
+            tile.store_fence()
         elems = valid * D
         tasks += 1
         if scale_only:

@@ -191,47 +191,61 @@ def test_stream_gather_rows_joins(off, joins, dtype):
 
 
 @kernel
-def _store_div_rows(w, dst, starts, n, d, stream, mode):
-    """Row r of ``w`` divided by ``d[r]`` into flat ``dst`` from element ``starts[r]``."""
+def _store_rows(op, w, g, dst, starts, n, d, stream, mode):
+    """Row r of ``w`` into flat ``dst`` from element ``starts[r]``: divided by ``d[r]`` (op 0), cast
+    (op 1), or times ``d[r]`` times ``g`` (op 2)."""
     un = np.uint64(n)
     for r in numba.prange(starts.size):
-        tile.store_div(w, np.uint64(r) * un, dst, np.uint64(starts[r]), un, d[r], stream, mode)
+        at, w0 = np.uint64(starts[r]), np.uint64(r) * un
+        if op == 0:
+            tile.store_div(w, w0, dst, at, un, d[r], stream, mode)
+        elif op == 1:
+            tile.store_cast(w, w0, dst, at, un, stream, mode)
+        else:
+            tile.store_scale_mul(w, w0, d[r], g, dst, at, un, stream, mode)
         if stream:
             tile.store_fence()
     return 0
 
 
 @kernel(fastmath=False)
-def _mul_narrow_scalar(w, dst, starts, n, rcp, mode):
+def _store_rows_scalar(op, w, g, dst, starts, n, d, mode):
     for r in numba.prange(starts.size):
+        rcp = np.float32(1.0) / d[r]
         for j in range(n):
-            dst[starts[r] + j] = dtypes.narrow(dst, w[r * n + j] * rcp[r], mode)
+            v = w[r * n + j]
+            y = v * rcp if op == 0 else (v if op == 1 else v * d[r] * g[j])
+            dst[starts[r] + j] = dtypes.narrow(dst, y, mode)
     return 0
 
 
+@pytest.mark.parametrize("op", ["div", "cast", "scale_mul"])
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("mode", ["rint", "floor", "odd"])
-def test_store_div_is_the_scalar_division_and_cast(fmt, stream, mode):
-    """store_div writes exactly ``narrow(w * fp32(1/d))`` (the mode's rounding; what ``arcp`` made of
-    softmax's division loop, whose bits it keeps) on
-    rows that start on and off a line, with heads, whole lines and tails (n = 1, 15, 100, 131), and
-    leaves every element outside the rows untouched; subnormal, Inf and NaN quotients included."""
+def test_stores_are_the_scalar_loops(op, fmt, stream, mode):
+    """store_div writes exactly ``narrow(w * fp32(1/d))`` (what ``arcp`` made of softmax's division
+    loop, whose bits it keeps), store_cast ``narrow(w)``, store_scale_mul ``narrow((w * d) * g)``,
+    each rounding by the mode, on rows that start on and off a line, with heads, whole lines and
+    tails (n = 1, 15, 100, 131), and leave every element outside the rows untouched; subnormal,
+    Inf and NaN results included."""
     rng = np.random.default_rng(3)
     kind = dtypes.KERNEL[fmt]
     cm = dtypes.cast_mode(mode)
+    code = ("div", "cast", "scale_mul").index(op)
     for n in (1, 15, 100, 131):
         rows = 5
         w = (rng.standard_normal(rows * n) * 50).astype(np.float32)
         w[::7] = np.float32(1e-38)
         w[3::11] = np.inf
         w[5::13] = np.nan
+        g = (rng.standard_normal(n) * 2).astype(np.float32)
         d = np.array([3.0, 0.7, 1e3, 7.0, 1.0], np.float32)
         starts = np.array([0, n + 1, 2 * n + 17, 3 * n + 40, 4 * n + 64], np.int64)
         size = 4 * n + 64 + n + 16
         got = tile.aligned_empty((size,), fmt)[1]
         got[:] = 0x1234 if kind != np.float32 else 5.0  # sentinels outside the rows
         want = got.copy()
-        _store_div_rows(w, got, starts, n, d, stream, cm)
-        _mul_narrow_scalar(w, want, starts, n, np.float32(1.0) / d, cm)
+        _store_rows(code, w, g, got, starts, n, d, stream, cm)
+        _store_rows_scalar(code, w, g, want, starts, n, d, cm)
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
