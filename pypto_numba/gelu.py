@@ -38,7 +38,7 @@ from .machine.jit import device, kernel
 from .machine.memo import memo_plan
 from .machine.plan import KernelPlan, Plan, vector_tile
 from .machine.profile import load_profile, resolve_cast_mode
-from .machine.tile import LINE, STREAM_MIN_BYTES, empty_apart, store_fence, streamable, streams_apart
+from .machine.tile import LINE, STREAM_MIN_BYTES, empty_apart, store_fence, stream_from, streamable
 from .strategy import Launch, register
 
 SQRT_2_OVER_PI = _math.sqrt(2.0 / _math.pi)
@@ -330,9 +330,7 @@ def _run(variant: str, x, profile, tile, math, out, cast_mode):
         result, out_k = empty_apart(xt.shape, xt.dtype, xt.array)  # placed for streaming
     else:
         result, out_k = inputs.output(where, xt, out)
-    # large outputs: streaming stores (no read for ownership of the output lines), unless out
-    # starts just past x within a page (then loads would wait for the stores: 4K aliasing)
-    stream = not storage_math and streamable(out_k, STREAM_MIN_BYTES) and streams_apart(out_k, xt.kview)
+    stream = not storage_math and stream_from(out_k, xt.kview, min_bytes=STREAM_MIN_BYTES)  # no read for ownership
     with Launch(p, [xt.shape]) as run:
         run.count(
             _gelu_kernel(xt.kview.reshape(-1), out_k.reshape(-1), p.params["tile"], VARIANT[variant],

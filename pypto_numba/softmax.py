@@ -478,9 +478,7 @@ def _run(strategy, x, mask, scale, profile, row_tile, col_tile=None, cast_mode=N
         result, out_k = tile.empty_apart(xt.shape, xt.dtype, xt.array)  # placed for streaming
     else:
         result, out_k = inputs.output(where, xt, out)
-    # large outputs: streaming stores (no read for ownership), unless out starts just past x
-    # within a page (loads would wait for the stores: 4K aliasing)
-    stream = tile.streamable(out_k) and tile.streams_apart(out_k, xt.kview)
+    stream = tile.stream_from(out_k, xt.kview)  # large outputs: no read for ownership
     if out is not None and has_mask and np.may_share_memory(out, mask):
         raise ConstraintError(f"{where}: out overlaps the mask, whose rows later rows still read; "
                               f"pass a separate out")

@@ -115,11 +115,11 @@ def _f32(builder, kind, x, u, lim):
 
 def _span(kind):
     @intrinsic
-    def span(typingctx, a, a_off, b, b_off, dst, d_off, n, lim, ahead, stream, mode):
-        """``dst[d_off + i] = narrow(f(a[a_off + i], b[b_off + i]))`` for ``i < n``, ``f`` the
-        kernel's ``mode`` (``FUSED``: ``silu(clamp_gate(a)) * clamp_up(b)``; ``SILU``:
-        ``silu(clamp_gate(a))``, ``b`` unread; ``MUL``: ``a * clamp_up(b)``), fp32 math and one
-        rounding by ``mode`` (a ``dtypes.CastMode``), in LLVM IR: the elements up to ``dst``'s first
+    def span(typingctx, a, a_off, b, b_off, dst, d_off, n, lim, ahead, stream, cm):
+        """``dst[d_off + i] = narrow(f(a[a_off + i], b[b_off + i]))`` for ``i < n``, ``f`` by ``kind``
+        (``FUSED``: ``silu(clamp_gate(a)) * clamp_up(b)``; ``SILU``: ``silu(clamp_gate(a))``, ``b``
+        unread; ``MUL``: ``a * clamp_up(b)``), fp32 math and one rounding by ``cm`` (a
+        ``dtypes.CastMode``), in LLVM IR: the elements up to ``dst``'s first
         64-byte line one at a time, then one whole line per step (16 fp32 or 32 16-bit lanes in
         512-bit vectors), then the rest one at a time. Flat kernel views of one dtype, uint64
         offsets and count, ``lim`` float32 (``+inf``: no clamp). ``ahead`` (uint64, 0: none):
@@ -132,9 +132,9 @@ def _span(kind):
         """
         if not (isinstance(a, types.Array) and isinstance(b, types.Array) and isinstance(dst, types.Array)
                 and a.dtype == b.dtype == dst.dtype and a.dtype in (types.float32, types.uint16, types.int16)
-                and isinstance(mode, dtypes.CastModeType)):
+                and isinstance(cm, dtypes.CastModeType)):
             return None
-        cast = mode.mode
+        cast = cm.mode
 
         def codegen(context, builder, sig, args):
             a_arr, b_arr, d_arr = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2, 4))
@@ -161,7 +161,7 @@ def _span(kind):
             return context.get_dummy_value()
 
         u64 = types.uint64
-        return types.void(a, u64, b, u64, dst, u64, u64, types.float32, u64, types.boolean, mode), codegen
+        return types.void(a, u64, b, u64, dst, u64, u64, types.float32, u64, types.boolean, cm), codegen
 
     return span
 
@@ -171,14 +171,14 @@ _span_fused, _span_silu, _span_mul = _SPANS[FUSED], _SPANS[SILU], _SPANS[MUL]
 
 
 @_dev
-def _span_plain(a, a_off, b, b_off, dst, d_off, n, lim, mode, cm):
+def _span_plain(a, a_off, b, b_off, dst, d_off, n, lim, kind, cm):
     """:func:`_span` as a plain numba loop, the readable reference (the same operations in the same
     order, so the same bits: ``tests/ops/test_swiglu.py``); no streaming, LLVM's vector width."""
     for j in range(n):
         x = dtypes.widen(a[a_off + j])
-        if mode == MUL:
+        if kind == MUL:
             y = x * _clamp_up(dtypes.widen(b[b_off + j]), lim)
-        elif mode == SILU:
+        elif kind == SILU:
             y = _silu(_clamp_gate(x, lim))
         else:
             y = _silu(_clamp_gate(x, lim)) * _clamp_up(dtypes.widen(b[b_off + j]), lim)
@@ -450,12 +450,6 @@ def _prepare(kind, x, up, limit, profile, tile, out):
     return c, arrays, sum(t.copied_bytes for t in tensors)
 
 
-def _stream(out_k, *srcs):
-    """Streaming stores for a large ``out_k``, unless it starts just past a source within a page
-    (loads would wait for the stores: 4K aliasing, ``tile.streams_apart``)."""
-    return tiles.streamable(out_k) and all(tiles.streams_apart(out_k, s) for s in srcs)
-
-
 def _launch(c, x, up, out, copied, cm):
     if out is None:
         result, out_k = tiles.empty_apart(c.shape, c.dtype, x)  # placed for streaming from x
@@ -472,13 +466,13 @@ def _launch(c, x, up, out, copied, cm):
     with Launch(c.plan, c.shapes) as run:
         if c.kind == "fused":
             run.count(_swiglu_kernel(xk, g_off, g_stride, uk, u_off, u_stride, ok, *shape, FUSED, c.lim, ops[0],
-                                     cm, _stream(ok, xk, uk)))
+                                     cm, tiles.stream_from(ok, xk, uk)))
         else:
             h = c.workspaces.take()  # silu(gate) in GM, the storage dtype
             run.count(_swiglu_kernel(xk, g_off, g_stride, xk, 0, 0, h, *shape, SILU, c.lim, ops[0], cm,
-                                     _stream(h, xk)), workspace_bytes=h.nbytes)
+                                     tiles.stream_from(h, xk)), workspace_bytes=h.nbytes)
             run.count(_swiglu_kernel(h, 0, prm["n_cols"], uk, u_off, u_stride, ok, *shape, MUL, c.lim, ops[1], cm,
-                                     _stream(ok, h, uk)))
+                                     tiles.stream_from(ok, h, uk)))
             c.workspaces.give(h)
         run.workspace(copied)
     return result

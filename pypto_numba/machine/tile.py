@@ -428,6 +428,12 @@ class ScratchPool:
         self._free.append(slabs)
 
 
+def stream_from(dst, *srcs, min_bytes: int = STREAM_MIN_BYTES) -> bool:
+    """Write ``dst`` with streaming stores: it is :func:`streamable` and starts just past none of
+    the ``srcs`` a kernel loads from while it stores (:func:`streams_apart`: 4K aliasing)."""
+    return streamable(dst, min_bytes) and all(streams_apart(dst, s) for s in srcs)
+
+
 def streamable(out_k, min_bytes: int = STREAM_MIN_BYTES) -> bool:
     """Stream the output (non-temporal stores) when it is too large to be re-read from cache and
     starts a whole number of elements off a line (so its whole lines can be found)."""

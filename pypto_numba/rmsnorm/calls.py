@@ -77,12 +77,6 @@ def _prepare(kind, x, residual, weight, eps, offset, inv, profile, token_tile, o
     return c, (xt.array, None if rt is None else rt.array, wt.array), copied
 
 
-def _streams(dst, *srcs):
-    """Streaming stores for a large ``dst``, unless it starts just past a source within a page (the
-    loads would wait for the stores: 4K aliasing, ``tile.streams_apart``)."""
-    return tile.streamable(dst) and all(tile.streams_apart(dst, s) for s in srcs)
-
-
 def _launch(c, x, residual, weight, out, copied, cm, residual_out=None):
     if out is None:
         result, out_k = aligned_empty(x.shape, c.dtype)
@@ -102,8 +96,8 @@ def _launch(c, x, residual, weight, out, copied, cm, residual_out=None):
         rk, nk = dtypes.kernel_view(residual).reshape(-1, D), new_k.reshape(-1, D)
     else:
         rk, nk = xk, ok
-    stream_out = _streams(ok, xk, rk)
-    stream_res = add and _streams(nk, xk, rk)
+    stream_out = tile.stream_from(ok, xk, rk)
+    stream_res = add and tile.stream_from(nk, xk, rk)
     slabs = c.scratch.take()
     with Launch(c.plan, c.shapes) as run:
         run.count(_rmsnorm_kernel(xk, rk, dtypes.kernel_view(weight), ok, nk, c.plan.params["token_tile"],

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from helpers import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
+from helpers import NP_DTYPE, assert_cost_matches_plan, make, run_traced
 
 import pypto_numba as pn
 from pypto_numba import rmsnorm, rope
