@@ -38,9 +38,10 @@ instead), and the weight row of every task; it rounds ``W * g`` once to the weig
 of the normed activations to x's. ``r`` comes from plain's kernel, its row loop and its
 ``1/sqrt(ss/D + eps)`` (:func:`~.kernels.row_rstd`), and plain stores ``(x * r) * g`` from that
 same fp32 ``r`` (``tile.store_scale_mul``), so ``plain(x, w)`` is exactly
-``((x * deferred(x)[:, None]) * w)`` rounded once to x's dtype. (The kernel's fast-math flags,
-machine/jit.py, let LLVM compute ``1/sqrt`` as an ``rsqrt`` estimate with a refinement step, so an
-all-zero row with ``eps=0`` gives NaN, not inf, in both.)
+``((x * deferred(x)[:, None]) * w)`` rounded once to x's dtype. ``r`` is IEEE ``1/sqrt`` (not the
+estimate-and-refine form the kernel's fast-math flags would allow): a row holding ``inf`` has
+``r = 0`` (its finite elements normalise to 0, the ``inf`` to NaN, as the math), and an all-zero
+row with ``eps=0`` has ``r = inf`` (plain gives ``0 * inf = NaN``).
 
 An add kernel then ``plain`` reads the new residual back: ``fused_add`` saves one kernel and
 N*D*br bytes of GM reads (plus, with an fp32 residual and bf16 x, the cast kernel of the normed

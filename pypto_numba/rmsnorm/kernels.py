@@ -6,7 +6,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..machine import dtypes, tile
+from ..machine import dtypes, tile, vmath
 from ..machine.jit import device, kernel
 
 NORM_OPS = 4  # per element: x*x, sum, *inv, *w
@@ -36,8 +36,10 @@ def _widen_weight(weight, wf, uD, offset):
 @device(forceinline=True)
 def row_rstd(ss, inv_d, eps32):
     """``1/sqrt(ss/D + eps)`` in fp32 from a row's sum of squares: the scale plain applies and
-    deferred returns."""
-    return np.float32(1.0) / np.sqrt(ss * inv_d + eps32)
+    deferred returns. IEEE sqrt and division (``vmath.rsqrt``), whatever the kernel's fast-math
+    flags: their estimate-and-refine form gives NaN for ``inf`` and ``0`` (``0 * inf``), the
+    IEEE one ``0`` and ``inf``, as the math."""
+    return vmath.rsqrt(ss * inv_d + eps32)
 
 
 @device(forceinline=True)

@@ -515,9 +515,8 @@ raises("rmsnorm.deferred-out-dtype", lambda: rmsnorm.deferred(_NX, out=np.empty(
        r"out must be a float32 array of x's leading dims \(10,\)")
 equal("rmsnorm.deferred-out", lambda: (lambda o: (rmsnorm.deferred(_NX, out=o), o)[1])(np.empty(10, F32)),
       lambda: rmsnorm.deferred(_NX))
-# an all-zero row with eps=0: NaN, not inf (plain's NaN row): the kernel's fast-math flags let LLVM
-# compile 1/sqrt as an estimate with a refinement step, which gives NaN at 0 (machine/jit.py)
-close("rmsnorm.deferred-x-zero-row", lambda: rmsnorm.deferred(np.zeros((2, 8), F32), eps=0.0), lambda: np.full(2, np.nan))
+# an all-zero row with eps=0: 1/sqrt(0) = inf (IEEE, rmsnorm.kernels.row_rstd); plain's row is 0 * inf = NaN
+close("rmsnorm.deferred-x-zero-row", lambda: rmsnorm.deferred(np.zeros((2, 8), F32), eps=0.0), lambda: np.full(2, np.inf))
 _tile_cases("rmsnorm.deferred", "token_tile", lambda **kw: rmsnorm.deferred(_NX, **kw), too_big=10**6)
 _profile_cases("rmsnorm.deferred", lambda **kw: rmsnorm.deferred(_NX, **kw))
 raises("rmsnorm.fold-weight-shape", lambda: rmsnorm.fold(RW[:7], np.ones((3, 8), F32)), ShapeError,
