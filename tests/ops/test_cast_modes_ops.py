@@ -187,9 +187,38 @@ def att_mirror(strategy, q, k, v, **options):
     return spec("attention").reference(q, k, v, strategy=strategy, mirror=True, **options)
 
 
+def _p_near_a_boundary(q, k, fmt, mode, kv_tile):
+    """Whether some P of the mirror (per KV tile ``exp(s - m_t)``, or standard's ``exp(s - m) / l``)
+    lies within 2^-12 of a storage step of where ``mode`` rounds differently (a representable value
+    for the directed modes, a midpoint for rint and round). There the kernel's fp32 scores, one ulp from float64
+    in the order the host's vector width gives their sums, can tip P by one step, and a tipped P
+    near 1 moves its row's outputs by several ulps: the data would test the host's summation
+    order, not the cast mode's plumbing."""
+    G = q.shape[1] // k.shape[1]
+    s = np.einsum("bhqd,bhkd->bhqk", wide(q).astype(np.float64),
+                  np.repeat(wide(k).astype(np.float64), G, axis=1)) / np.sqrt(q.shape[-1])
+    n = s.shape[-1]
+    ps = []
+    for j0 in range(0, n, kv_tile or n):
+        st = s[..., j0:j0 + (kv_tile or n)]
+        top = st == st.max(axis=-1, keepdims=True)
+        e = np.exp(st - st.max(axis=-1, keepdims=True))
+        # a tile's max gives exp(0) = 1 exactly, in fp32 too: no boundary to tip there
+        ps.append(e[~top] if kv_tile else (e / e.sum(axis=-1, keepdims=True)).ravel())
+    p = np.concatenate(ps)
+    frac = (p / precision.ulp(p, fmt)) % 1.0
+    gap = np.abs(frac - 0.5) if mode in ("rint", "round") else np.minimum(frac, 1.0 - frac)
+    return bool(np.any(gap < 2.0**-12))
+
+
 @pytest.mark.parametrize("strategy, fmt, mode", ATT_CASES)
 def test_attention_within_its_mirror(strategy, fmt, mode, rng):
     q, k, v = att_inputs(fmt, rng)
+    draws = 1
+    while _p_near_a_boundary(q, k, fmt, mode, ATT[strategy].get("kv_tile")):  # see there
+        q, k, v = att_inputs(fmt, rng)
+        draws += 1
+    assert draws <= 20
     fn, kw = getattr(attention, strategy), ATT[strategy]
     got = precision.mirror_check(fn(q, k, v, cast_mode=mode, **kw), att_mirror(strategy, q, k, v, cast_mode=mode, **kw),
                                  fmt)
