@@ -38,6 +38,7 @@ The package, one concern per file:
     blocks.py      the register blocks (dot4x4, dot1x4, the bf16 pairs blocks, outer_rows)
     blocks_plain.py  plain numba versions of one block per family: the readable reference
     decode.py      the decode loops (few rows of a): weight rows streamed through the blocks
+    amx.py         bf16 on a CPU's AMX tiles (where it has them): a packed once, W @ a^T on tiles
     walk.py        the walk kernel (matmul_nt_kernel, one tile task per output block)
     epilogue.py    L0C -> GM: the fused bias and the one rounding
     plan.py        plan_walk (tiles, counts) and run_walk (scratch, BLAS threads, the kernel)
@@ -69,6 +70,10 @@ choice: docs/performance.md)
   left over, prefetched ahead and the next group into L2; one fp32 partial sum per L0C value and
   kL1 step; same walk, same counts. bf16 operands are both read as stored and multiplied in
   pairs of elements (VDPBF16PS where the CPU has AVX512_BF16, else the same sums by FMAs).
+  Where the CPU has AMX-BF16 (:func:`.amx.enabled`), bf16 walks with at least ``amx.MIN_ROWS``
+  rows of ``a`` run each block's whole 16-row groups of weight rows on AMX tiles instead
+  (``TDPBF16PS``: exact products, fp32 sums in the tile unit's order), ``a`` packed once per
+  call; the rest of K and of the weight rows take the loops. ``PYPTO_NUMBA_AMX=0`` turns it off.
 - fp32 prefill: the walk's blocks are grouped into BLAS calls of about ``GROUP_EDGE`` squared
   outputs (:func:`~.walk.group_task`; counts per block as in the walk).
 - Hot loops index flat views with uint64 indices and take no array views (see machine/jit.py).

@@ -12,6 +12,7 @@ from ...errors import ConstraintError
 from .. import tile
 from ..plan import ITEMSIZE, KernelPlan, cube_tiles
 from ..profile import HardwareProfile, load_profile
+from . import amx
 from .blas import _ONE_F32_BITS, ARG_SLOTS, dynamic_tasks, single_thread_blas
 from .decode import use_loops
 from .walk import matmul_nt_kernel
@@ -70,7 +71,7 @@ def scratch(
         np.empty((nth, m1, n1), np.float32),  # L0C tiles of one block
         np.empty((nth, la, max(k, k1) if skinny else k1), np.float32),  # fp32 copy of a (16-bit only)
         np.empty((nth, lb, k1), np.float32),  # fp32 L1 copy of b (16-bit, not skinny)
-        np.empty((nth, 1, max(k0, 16)), np.float32),  # skinny: the 16 result slots of dot4x4_v16
+        np.empty((nth, 1, max(k0, amx.GROUP * amx.TILE**2 if skinny else 16)), np.float32),  # skinny: result slots
         slots,  # BLAS argument slots
     )
 
@@ -170,6 +171,9 @@ def plan_walk(
     )
 
 
+_NO_PACK = np.zeros(1, np.uint16)  # the kernel's xv without AMX
+
+
 def run_walk(
     a_k: np.ndarray,
     b_k: np.ndarray,
@@ -226,6 +230,10 @@ def run_walk(
     if a_k.dtype == np.float32 and merge_k and not skinny and group:
         gm, gn = _groups(a_k.shape[0], b_k.shape[0], p["m1"], p["n1"], numba.config.NUMBA_NUM_THREADS)
     work = scratch(p["m1"] * gm, p["k1"], p["n1"] * gn, p["k0"], a_k.dtype == np.float32, skinny, k=a_k.shape[1])
+    # bf16 decode loops: whole 16-row groups of weight rows on AMX tiles where the host has them
+    use_amx = (skinny and a_k.dtype == np.uint16 and a_k.shape[0] >= amx.MIN_ROWS and a_k.shape[1] >= amx.STEP
+               and p["m1"] % amx.TILE == 0 and amx.enabled())
+    xv = amx.pack_pairs(a_k) if use_amx else _NO_PACK
     with single_thread_blas(), dynamic_tasks():
         return matmul_nt_kernel(a_k, b_k, bias_k, out_k, has_bias, scale_k, has_scale, p["m1"], p["k1"], p["n1"],
-                                p["m0"], p["k0"], p["n0"], skinny, bool(merge_k), gm, gn, *work)
+                                p["m0"], p["k0"], p["n0"], skinny, bool(merge_k), use_amx, xv, gm, gn, *work)

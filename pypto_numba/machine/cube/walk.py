@@ -16,6 +16,7 @@ from numba.extending import overload
 
 from .. import dtypes
 from ..jit import device, kernel
+from .amx import STEP as AMX_STEP, TILE as AMX_TILE, amx_rows
 from .blas import ARG_SLOTS, mma_blas
 from .decode import SKINNY_ROWS, _pairs, _skinny_rows
 from .epilogue import epilogue
@@ -75,6 +76,8 @@ def walk_task(
     n0,
     skinny,
     merge_k,
+    amx,
+    xv,
     c,
     a_l1,
     b_l1,
@@ -90,9 +93,12 @@ def walk_task(
     a, b, bias, out, has_bias, scale, has_scale : as :func:`matmul_nt_kernel`
     m1, k1, n1, m0, k0, n0 : the tiles (L1 and L0 sizes)
     skinny, merge_k : the decode loops; one BLAS call per kL1 chunk (else per L0 step)
+    amx, xv : with the decode loops and bf16 operands, the block's whole 16-row groups of weight rows
+        on AMX tiles (:func:`.amx.amx_rows`; the caller checked :func:`.amx.enabled`), ``a``
+        packed once by :func:`.amx.pack_pairs` (mL1 a multiple of 16)
     c : [mL1, nL1] fp32, the block's L0C tiles
     a_l1, b_l1 : fp32 L1 scratch for 16-bit operands (fp32 operands are read in place)
-    w_l0 : the decode loops' result slots (of :func:`~.blocks.dot4x4_v16`)
+    w_l0 : the decode loops' result slots (of :func:`~.blocks.dot4x4_v16`), or AMX's C tiles
     slots : address of this thread's BLAS argument slots
     """
     M, K = a.shape
@@ -140,7 +146,20 @@ def walk_task(
         a0 = mb * K if in_place else 0
         araw = a.reshape(-1)
         bw = b.reshape(-1)  # the weight in its storage dtype, widened on the fly
-        for jb in range(0, vn, SKINNY_ROWS):  # weight rows streamed together over the whole of K
+        j_amx = 0
+        if amx and pairs:  # whole 16-row groups of weight rows on AMX tiles
+            j_amx = amx_rows(c, 0, vm, vn, xv, (mb // AMX_TILE) * (K // AMX_STEP) * AMX_TILE * AMX_STEP, bw, nb * K,
+                             K, K, wf)
+            kv = K - K % AMX_STEP
+            for i in range(vm):  # the k % 32 rest of those sums
+                ri = np.uint64(a0 + i * lda_s)
+                for j in range(j_amx):
+                    wj = np.uint64((nb + j) * K)
+                    s = np.float32(0.0)
+                    for q in range(np.uint64(kv), np.uint64(K)):
+                        s += dtypes.widen(araw[ri + q]) * dtypes.widen(bw[wj + q])
+                    c[i, j] += s
+        for jb in range(j_amx, vn, SKINNY_ROWS):  # weight rows streamed together over the whole of K
             vj = min(SKINNY_ROWS, vn - jb)
             far = SKINNY_ROWS * K if jb + 2 * SKINNY_ROWS <= vn else 0  # the next group, if whole
             for kk in range(0, K, k1):
@@ -278,6 +297,8 @@ def matmul_nt_kernel(
     n0,
     skinny,
     merge_k,
+    amx,
+    xv,
     gm,
     gn,
     acc,
@@ -297,7 +318,7 @@ def matmul_nt_kernel(
         the epilogue (one multiply per output, counted as a vector op); False: any 1-element
         fp32 array, not read
     m1, k1, n1, m0, k0, n0 : the tiles (L1 and L0 sizes)
-    skinny, merge_k : see :func:`walk_task`
+    skinny, merge_k, amx, xv : see :func:`walk_task`
     gm, gn : > 1 (fp32, merged K only): each prange iteration runs a group of gm x gn walk
         blocks as one BLAS call (:func:`group_task`); the counts stay per block
     acc, a_l1, b_l1, w_l0, slots : per-thread scratch indexed by ``numba.get_thread_id()``
@@ -334,7 +355,7 @@ def matmul_nt_kernel(
             for bi in range(bi0, bi1):
                 for bj in range(bj0, bj1):
                     r, w, v, f = walk_task(bi * tn + bj, tn, a, b, bias, out, has_bias, scale, has_scale, m1, k1,
-                                           n1, m0, k0, n0, skinny, merge_k, acc[tid], a_l1[tid], b_l1[tid],
+                                           n1, m0, k0, n0, skinny, merge_k, amx, xv, acc[tid], a_l1[tid], b_l1[tid],
                                            w_l0[tid], slots0 + tid * 4 * ARG_SLOTS)
                     gm_read += r
                     gm_write += w

@@ -1,0 +1,161 @@
+"""bf16 blocks of the cube walk on a CPU's AMX tiles (AMX-BF16), where the host has them.
+
+The decode loops (:mod:`.decode`) run bf16 operands in pairs on VDPBF16PS; a CPU with AMX does
+16 x 16 x 32 MACs per ``TDPBF16PS`` instead, so :func:`amx_rows` computes a walk block's
+``c[i, j] += sum_q a[i, q] * w[j, q]`` as ``c^T = w @ a^T`` on tiles: the weight's rows are the A
+tiles, loaded straight from the row-major weight (16 rows x 32 elements), and ``a``'s rows,
+packed once per call into the VNNI pair layout (:func:`pack_pairs`), are the B tile. Products
+are exact in fp32 and every sum fp32, as the L0C's; the order of the additions is the tile
+unit's, so the results are not the pairs loops' bits (tolerance-equal, ``tests/machine``).
+
+:func:`enabled` is True only where it can run: numba's target CPU has ``amx-tile`` and
+``amx-bf16``, Linux grants the process the tile data state (``arch_prctl``), and
+``PYPTO_NUMBA_AMX`` is not ``0``. Measurements: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .. import ir as irb
+from ..jit import device
+
+TILE = 16  # rows of a tile (weight rows per A tile, rows of a per B tile)
+STEP = 32  # bf16 elements of K per TDPBF16PS
+GROUP = 4  # C tiles (of 16 weight rows each) one call of amx_w_at keeps at most (prefill)
+MIN_ROWS = 2  # rows of a from which the walk uses AMX (one row streams faster through the loops)
+ENV = "PYPTO_NUMBA_AMX"
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL_X86_64 = 0x1023, 18, 158
+_I8, _I64 = ir.IntType(8), ir.IntType(64)
+
+
+@functools.lru_cache(maxsize=None)
+def enabled() -> bool:
+    """Whether the walk may run its bf16 blocks on AMX here (decided once per process)."""
+    if os.environ.get(ENV, "1") == "0" or sys.platform != "linux":
+        return False
+    feats = str(numba.core.codegen.JITCPUCodegen("amx")._get_host_cpu_features()).split(",")
+    if "+amx-tile" not in feats or "+amx-bf16" not in feats:
+        return False
+    try:  # the process asks once for the tile data state; threads and forks inherit it
+        return ctypes.CDLL(None).syscall(_SYS_ARCH_PRCTL_X86_64, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _config(builder):
+    """``ldtilecfg`` of palette 1 with tiles 0-6 of 16 rows x 64 bytes (a stack buffer)."""
+    cfg = cgutils.alloca_once(builder, ir.ArrayType(_I8, 64))
+    cfg.align = 64
+    builder.store(ir.Constant(ir.ArrayType(_I8, 64), [1] + [0] * 15 + [64, 0] * 7 + [0] * 18 + [16] * 7 + [0] * 9), cfg)
+    return builder.bitcast(cfg, _I8.as_pointer())
+
+
+@intrinsic
+def amx_w_at(typingctx, ct, w, w0, ldw, xv, x0, ksteps, ntiles):
+    """``ct[t*256 + j*16 + i] = sum_q w[w0 + (16t + j)*ldw + q] * a_i[q]`` for ``t < ntiles``
+    (<= ``GROUP``), ``j, i < 16``, ``q < 32*ksteps``: C tiles of ``w @ a^T`` stored row-major
+    (weight row, then row of a), ``a``'s 16 rows given packed by :func:`pack_pairs` at ``xv[x0:]``.
+    ``w`` raw bf16 (uint16), offsets and counts uint64, ``ldw`` in elements; ``ct`` fp32 with room
+    for ``256*GROUP``. Tiles 0-3 hold C, 4 the B tile of a step, 5-6 the A tiles (alternating).
+    A CPU without AMX, or a ``w`` of another dtype, gets a trap here (the walk calls it only for
+    bf16 and when :func:`enabled`)."""
+    if not (isinstance(ct, types.Array) and ct.dtype == types.float32 and irb.storage_array(w)
+            and irb.bf16_array(xv)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ct_, w_, xv_ = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 4))
+        w0, ldw, x0, ks, nt = args[2], args[3], args[5], args[6], args[7]
+        # a non-bf16 w: the walk's other dtypes type this branch but never take it
+        if not (irb.bf16_array(sig.args[1]) and irb.target_has(context, "amx-tile")
+                and irb.target_has(context, "amx-bf16")):
+            builder.call(builder.module.declare_intrinsic("llvm.trap", fnty=ir.FunctionType(ir.VoidType(), [])), [])
+            return context.get_dummy_value()
+        i8p = _I8.as_pointer()
+
+        def decl(name, *a):
+            return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ir.VoidType(), list(a)))
+
+        t = lambda n: ir.Constant(_I8, n)  # noqa: E731
+        k = lambda n: ir.Constant(_I64, n)  # noqa: E731
+        load, dp = decl("llvm.x86.tileloadd64", _I8, i8p, _I64), decl("llvm.x86.tdpbf16ps", _I8, _I8, _I8)
+        builder.call(decl("llvm.x86.ldtilecfg", i8p), [_config(builder)])
+        for n in range(GROUP):
+            builder.call(decl("llvm.x86.tilezero", _I8), [t(n)])
+        stride = builder.mul(ldw, k(2))  # bytes per weight row
+        wb = builder.bitcast(builder.gep(w_.data, [w0]), i8p)
+        xb = builder.bitcast(builder.gep(xv_.data, [x0]), i8p)
+        live = [builder.icmp_unsigned(">", nt, k(n)) for n in range(GROUP)]
+        with cgutils.for_range(builder, ks) as loop:
+            s = loop.index
+            builder.call(load, [t(4), builder.gep(xb, [builder.mul(s, k(TILE * STEP * 2))]), k(64)])
+            ws = builder.gep(wb, [builder.mul(s, k(STEP * 2))])
+            for n in range(GROUP):
+                with builder.if_then(live[n], likely=True):
+                    wn = builder.gep(ws, [builder.mul(stride, k(TILE * n))])
+                    builder.call(load, [t(5 + n % 2), wn, stride])
+                    builder.call(dp, [t(n), t(5 + n % 2), t(4)])
+        store = decl("llvm.x86.tilestored64", _I8, i8p, _I64)
+        cb = builder.bitcast(ct_.data, i8p)
+        for n in range(GROUP):
+            with builder.if_then(live[n]):
+                builder.call(store, [t(n), builder.gep(cb, [k(n * TILE * TILE * 4)]), k(64)])
+        builder.call(decl("llvm.x86.tilerelease"), [])
+        return context.get_dummy_value()
+
+    u64 = types.uint64
+    return types.void(ct, w, u64, u64, xv, u64, u64, u64), codegen
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def pack_pairs(a):
+    """``a[M, K]`` (raw bf16) in the VNNI pair layout of B tiles: per 16 rows of ``a`` and step ``s``
+    of 32 elements, one 1 KiB tile ``xv[(t*ks + s)*512 + r*32 + 2i + e] = a[16t + i, 32s + 2r + e]``
+    (``ks = K // 32``; rows past ``M`` are zeros). Once per call: every task of the walk reads it."""
+    M, K = a.shape
+    ks = K // STEP
+    nt = (M + TILE - 1) // TILE
+    xv = np.zeros(nt * ks * TILE * STEP, np.uint16)
+    for row in range(M):
+        t, i = row // TILE, row % TILE
+        for s in range(ks):
+            base = (t * ks + s) * TILE * STEP + 2 * i
+            for r in range(TILE):
+                xv[base + r * STEP] = a[row, s * STEP + 2 * r]
+                xv[base + r * STEP + 1] = a[row, s * STEP + 2 * r + 1]
+    return xv
+
+
+@device(boundscheck=False)
+def amx_rows(c, j0, m, n, xv, x0, w, wbase, ldw, k, ct):
+    """``c[i, j0 + j] += sum_{q < 32*(k // 32)} a_i[q] * w[wbase + j*ldw + q]`` for ``i < m`` and the
+    first ``16*(n // 16)`` weight rows ``j``, on AMX tiles; returns that row count (the caller does
+    the weight rows past it and the ``k % 32`` rest of every sum).
+
+    ``a``'s rows as :func:`pack_pairs` packed them, the block's first 16 from ``xv[x0]``; ``w`` raw
+    bf16 (flat uint16); ``ct`` fp32 scratch of ``256*GROUP``.
+    """
+    ks = np.uint64(k // STEP)
+    per = ks * np.uint64(TILE * STEP)  # packed elements per 16 rows of a
+    nfull = n - n % TILE
+    group = 1 if m <= TILE else GROUP  # decode: one weight tile per pass streams fewest rows at once
+    for jb in range(0, nfull, TILE * group):
+        nt = min(group, (nfull - jb) // TILE)
+        for mt in range(0, m, TILE):
+            amx_w_at(ct, w, np.uint64(wbase) + np.uint64(jb) * np.uint64(ldw), np.uint64(ldw), xv,
+                     np.uint64(x0) + np.uint64(mt // TILE) * per, ks, np.uint64(nt))
+            for jj in range(nt * TILE):
+                for i in range(min(TILE, m - mt)):
+                    c[mt + i, j0 + jb + jj] += ct[jj * TILE + i]
+    return nfull
