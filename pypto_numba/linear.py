@@ -53,6 +53,7 @@ from . import inputs
 from .errors import DTypeError, ShapeError
 from .interop import torch_aware
 from .machine import cube, dtypes
+from .machine.cube import amx
 from .machine.cube.epilogue import epilogue_swiglu
 from .machine.jit import kernel
 from .machine.memo import CallMemo, memo_plan
@@ -321,12 +322,14 @@ def fused_bias(x, weight, bias=None, cube_tiles=None, *, row_scale=None, profile
 
 
 @kernel(boundscheck=False)
-def _gate_up_kernel(x, wg, wu, out, lim, m1, k1, n1, acc, x_l1, w_l1, slots, ops_per_elem):
+def _gate_up_kernel(x, wg, wu, out, lim, m1, k1, n1, acc, x_l1, w_l1, slots, ops_per_elem, use_amx, xv):
     """``out = round(silu(clamp_gate(x @ wg^T)) * clamp_up(x @ wu^T))``, one task per [mL1, nL1]
     block of out: both accumulators stay in L0C, each x tile moved to L1 serves both products, and
     the epilogue combines them (``machine/cube/epilogue.py``) -> the counters. ``acc[t, 0|1]``,
     ``x_l1[t]``, ``w_l1[t, 0|1]``: per-thread fp32 L0C and L1 scratch (16-bit operands widened,
-    fp32 copied); ``slots``: the BLAS argument slots (``cube.scratch``)."""
+    fp32 copied); ``slots``: the BLAS argument slots (``cube.scratch``). ``use_amx`` (bf16, the
+    host's AMX): both products on AMX tiles over the whole of K (``cube.amx.amx_rows``, x packed
+    once in ``xv``; the counts stay per kL1 step), the rest of K and of the weight rows in loops."""
     M, K = x.shape
     N = wg.shape[0]
     tm = (M + m1 - 1) // m1
@@ -356,15 +359,34 @@ def _gate_up_kernel(x, wg, wu, out, lim, m1, k1, n1, acc, x_l1, w_l1, slots, ops
         ga = w_l1[tid, 0]
         ua = w_l1[tid, 1]
         sl = slots0 + tid * 4 * cube.ARG_SLOTS
+        if use_amx:
+            x0 = (mb // amx.TILE) * (K // amx.STEP) * amx.TILE * amx.STEP
+            ct = xa.reshape(-1)  # the L1 scratch holds the C tiles (x is read packed)
+            jg = amx.amx_rows(cg, 0, vm, vn, xv, x0, wg.reshape(-1), nb * K, K, K, ct)
+            amx.amx_rows(cu, 0, vm, vn, xv, x0, wu.reshape(-1), nb * K, K, K, ct)
+            kv = K - K % amx.STEP
+            for i in range(vm):  # the k % 32 rest of the tiles' sums, every k of the rows past them
+                for j in range(vn):
+                    q0 = kv if j < jg else 0
+                    sg = np.float32(0.0)
+                    su = np.float32(0.0)
+                    for q in range(q0, K):
+                        xi = dtypes.widen(x[mb + i, q])
+                        sg += xi * dtypes.widen(wg[nb + j, q])
+                        su += xi * dtypes.widen(wu[nb + j, q])
+                    cg[i, j] += sg
+                    cu[i, j] += su
         for kk in range(0, K, k1):
             vk1 = min(k1, K - kk)
             gm_read += vm * vk1 * bx + 2 * vn * vk1 * bw  # GM -> L1: the x tile once, both weight tiles
+            flops += 4 * vm * vn * vk1
+            if use_amx:
+                continue
             cube.load_l1(x, mb, kk, vm, vk1, xa)
             cube.load_l1(wg, nb, kk, vn, vk1, ga)
             cube.load_l1(wu, nb, kk, vn, vk1, ua)
             cube.mma_blas(cg.ctypes.data, n1, xa.ctypes.data, k1, ga.ctypes.data, k1, vm, vn, vk1, sl)
             cube.mma_blas(cu.ctypes.data, n1, xa.ctypes.data, k1, ua.ctypes.data, k1, vm, vn, vk1, sl)
-            flops += 4 * vm * vn * vk1
         epilogue_swiglu(cg, cu, vm, vn, lim32, out, mb, nb)
         tasks += 1
         gm_write += vm * vn * out.itemsize
@@ -430,7 +452,7 @@ def gate_up_swiglu(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None
     gate/up intermediate is never written to GM. ``x[..., K]``, ``w_gate``, ``w_up`` ``[I, K]``
     (one dtype) -> ``[..., I]``. Also ``swiglu.epilogue``. ``cube_tiles`` as :func:`fused_bias`
     (default: its tiles with kL1 halved until x and both weight tiles fit L1). On the CPU each
-    product is BLAS sgemm on fp32 L1 copies. ``cast_mode`` is accepted and has no effect: the epilogue is the cube FIXPIPE's, always rint (npu-facts 8.3) (a bad mode name is still an error).
+    product is BLAS sgemm on fp32 L1 copies, or in bf16 on AMX tiles where the host has them. ``cast_mode`` is accepted and has no effect: the epilogue is the cube FIXPIPE's, always rint (npu-facts 8.3) (a bad mode name is still an error).
     """
     if cast_mode is not None:
         resolve_cast_mode(cast_mode, profile, "linear.gate_up_swiglu")
@@ -451,11 +473,15 @@ def gate_up_swiglu(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None
     w_l1 = np.empty((nth, 2, n1, k1), np.float32)
     slots = cube.scratch(1, 1, 1, 1, True, False, threads=nth)[4]
     lim = np.inf if prm["limit"] is None else prm["limit"]
+    x2 = xt.kview.reshape(-1, xt.shape[-1])
+    K = xt.shape[-1]
+    use_amx = (dtype == "bf16" and x2.shape[0] >= amx.MIN_ROWS and K >= amx.STEP and m1 % amx.TILE == 0
+               and m1 * k1 >= amx.GROUP * amx.TILE**2 and amx.enabled())
+    xv = amx.pack_pairs(x2) if use_amx else np.zeros(1, np.uint16)
     with Launch(p, [xt.shape, gt.shape, ut.shape]) as run:
         with cube.single_thread_blas(), cube.dynamic_tasks():
-            run.count(_gate_up_kernel(xt.kview.reshape(-1, xt.shape[-1]), gt.kview, ut.kview,
-                                      out_k.reshape(-1, gt.shape[0]), lim, m1, k1, n1, acc, x_l1, w_l1, slots,
-                                      prm["ops_per_elem"]))
+            run.count(_gate_up_kernel(x2, gt.kview, ut.kview, out_k.reshape(-1, gt.shape[0]), lim, m1, k1, n1, acc,
+                                      x_l1, w_l1, slots, prm["ops_per_elem"], use_amx, xv))
         run.workspace(xt.copied_bytes + gt.copied_bytes + ut.copied_bytes)
     return out
 

@@ -76,3 +76,25 @@ def test_amx_bf16_output_is_one_rounding_of_the_fp32_sums(monkeypatch):
     loops, _ = _walk(a, b, tiles, "bf16")
     steps = np.abs(got.view(np.int16).astype(np.int32) - loops.view(np.int16).astype(np.int32))
     assert steps.max() <= 1
+
+
+def test_gate_up_swiglu_on_amx_matches_blas(monkeypatch):
+    """linear.gate_up_swiglu's bf16 products on AMX (tails: a second 16-row tile of x with one row,
+    weight rows past the last 16, the K % 32 rest) give BLAS's result within one bf16 step (both
+    round the same epilogue of fp32 sums; the tile unit and this BLAS both add the exact products
+    in ascending k, so here they agree bit for bit)."""
+    from pypto_numba import linear
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((17, 100)).astype(ml_dtypes.bfloat16)
+    wg, wu = ((rng.standard_normal((100, 100)) / 10).astype(ml_dtypes.bfloat16) for _ in range(2))
+    packed = []
+    pack = amx.pack_pairs
+    monkeypatch.setattr(amx, "pack_pairs", lambda a: (packed.append(a.shape), pack(a))[1])
+    got = linear.gate_up_swiglu(x, wg, wu)
+    assert packed == [(17, 100)]  # the AMX path ran
+    monkeypatch.setattr(amx, "enabled", lambda: False)
+    blas = linear.gate_up_swiglu(x, wg, wu)
+    assert len(packed) == 1
+    steps = np.abs(got.view(np.int16).astype(np.int32) - blas.view(np.int16).astype(np.int32))
+    assert steps.max() <= 1
