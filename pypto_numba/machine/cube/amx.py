@@ -32,7 +32,7 @@ from ..jit import device
 
 TILE = 16  # rows of a tile (weight rows per A tile, rows of a per B tile)
 STEP = 32  # bf16 elements of K per TDPBF16PS
-GROUP = 4  # C tiles (of 16 weight rows each) one call of amx_w_at keeps at most (prefill)
+GROUP = 4  # C tiles one call keeps at most (amx_w_at: weight tiles; amx_w_at2: 2 x 2)
 MIN_ROWS = 2  # rows of a from which the walk uses AMX (one row streams faster through the loops)
 ENV = "PYPTO_NUMBA_AMX"
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL_X86_64 = 0x1023, 18, 158
@@ -54,10 +54,10 @@ def enabled() -> bool:
 
 
 def _config(builder):
-    """``ldtilecfg`` of palette 1 with tiles 0-6 of 16 rows x 64 bytes (a stack buffer)."""
+    """``ldtilecfg`` of palette 1 with its 8 tiles of 16 rows x 64 bytes (a stack buffer)."""
     cfg = cgutils.alloca_once(builder, ir.ArrayType(_I8, 64))
     cfg.align = 64
-    builder.store(ir.Constant(ir.ArrayType(_I8, 64), [1] + [0] * 15 + [64, 0] * 7 + [0] * 18 + [16] * 7 + [0] * 9), cfg)
+    builder.store(ir.Constant(ir.ArrayType(_I8, 64), [1] + [0] * 15 + [64, 0] * 8 + [0] * 16 + [16] * 8 + [0] * 8), cfg)
     return builder.bitcast(cfg, _I8.as_pointer())
 
 
@@ -67,7 +67,8 @@ def amx_w_at(typingctx, ct, w, w0, ldw, xv, x0, ksteps, ntiles):
     (<= ``GROUP``), ``j, i < 16``, ``q < 32*ksteps``: C tiles of ``w @ a^T`` stored row-major
     (weight row, then row of a), ``a``'s 16 rows given packed by :func:`pack_pairs` at ``xv[x0:]``.
     ``w`` raw bf16 (uint16), offsets and counts uint64, ``ldw`` in elements; ``ct`` fp32 with room
-    for ``256*GROUP``. Tiles 0-3 hold C, 4 the B tile of a step, 5-6 the A tiles (alternating).
+    for ``256*GROUP``. Tiles 0-3 hold C, 4 the B tile of a step, 5-6 the A tiles (alternating); the
+    walk's decode passes call it with one weight tile.
     A CPU without AMX, or a ``w`` of another dtype, gets a trap here (the walk calls it only for
     bf16 and when :func:`enabled`)."""
     if not (isinstance(ct, types.Array) and ct.dtype == types.float32 and irb.storage_array(w)
@@ -118,6 +119,64 @@ def amx_w_at(typingctx, ct, w, w0, ldw, xv, x0, ksteps, ntiles):
     return types.void(ct, w, u64, u64, xv, u64, u64, u64), codegen
 
 
+@intrinsic
+def amx_w_at2(typingctx, ct, w, w0, ldw, xv, x0, xs, ksteps, nw, nm):
+    """:func:`amx_w_at` for two weight tiles against two tiles of ``a`` (prefill): C tile ``2v + u``
+    = weight rows ``16v .. 16v+15`` times the rows of ``a`` packed at ``xv[x0 + u*xs]``, for
+    ``v < nw``, ``u < nm`` (each 1 or 2), stored to ``ct[(2v + u)*256 + j*16 + i]``. Per step two A
+    and two B tiles feed four TDPBF16PS (one of each per product with four weight tiles)."""
+    if not (isinstance(ct, types.Array) and ct.dtype == types.float32 and irb.storage_array(w)
+            and irb.bf16_array(xv)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ct_, w_, xv_ = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 4))
+        w0, ldw, x0, xs, ks, nw, nm = args[2], args[3], args[5], args[6], args[7], args[8], args[9]
+        if not (irb.bf16_array(sig.args[1]) and irb.target_has(context, "amx-tile")
+                and irb.target_has(context, "amx-bf16")):
+            builder.call(builder.module.declare_intrinsic("llvm.trap", fnty=ir.FunctionType(ir.VoidType(), [])), [])
+            return context.get_dummy_value()
+        i8p = _I8.as_pointer()
+
+        def decl(name, *a):
+            return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ir.VoidType(), list(a)))
+
+        t = lambda n: ir.Constant(_I8, n)  # noqa: E731
+        k = lambda n: ir.Constant(_I64, n)  # noqa: E731
+        load, dp = decl("llvm.x86.tileloadd64", _I8, i8p, _I64), decl("llvm.x86.tdpbf16ps", _I8, _I8, _I8)
+        builder.call(decl("llvm.x86.ldtilecfg", i8p), [_config(builder)])
+        for n in range(4):
+            builder.call(decl("llvm.x86.tilezero", _I8), [t(n)])
+        stride = builder.mul(ldw, k(2))
+        wb = builder.bitcast(builder.gep(w_.data, [w0]), i8p)
+        xb = [builder.bitcast(builder.gep(xv_.data, [builder.add(x0, builder.mul(xs, k(u)))]), i8p) for u in range(2)]
+        live_w = [builder.icmp_unsigned(">", nw, k(v)) for v in range(2)]
+        live_m = [builder.icmp_unsigned(">", nm, k(u)) for u in range(2)]
+        with cgutils.for_range(builder, ks) as loop:
+            s_ = loop.index
+            for u in range(2):
+                with builder.if_then(live_m[u], likely=True):
+                    builder.call(load, [t(6 + u), builder.gep(xb[u], [builder.mul(s_, k(TILE * STEP * 2))]), k(64)])
+            ws = builder.gep(wb, [builder.mul(s_, k(STEP * 2))])
+            for v in range(2):
+                with builder.if_then(live_w[v], likely=True):
+                    builder.call(load, [t(4 + v), builder.gep(ws, [builder.mul(stride, k(TILE * v))]), stride])
+                    for u in range(2):
+                        with builder.if_then(live_m[u], likely=True):
+                            builder.call(dp, [t(2 * v + u), t(4 + v), t(6 + u)])
+        store = decl("llvm.x86.tilestored64", _I8, i8p, _I64)
+        cb = builder.bitcast(ct_.data, i8p)
+        for v in range(2):
+            for u in range(2):
+                with builder.if_then(builder.and_(live_w[v], live_m[u])):
+                    builder.call(store, [t(2 * v + u), builder.gep(cb, [k((2 * v + u) * TILE * TILE * 4)]), k(64)])
+        builder.call(decl("llvm.x86.tilerelease"), [])
+        return context.get_dummy_value()
+
+    u64 = types.uint64
+    return types.void(ct, w, u64, u64, xv, u64, u64, u64, u64, u64), codegen
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def pack_pairs(a):
     """``a[M, K]`` (raw bf16) in the VNNI pair layout of B tiles: per 16 rows of ``a`` and step ``s``
@@ -149,13 +208,25 @@ def amx_rows(c, j0, m, n, xv, x0, w, wbase, ldw, k, ct):
     ks = np.uint64(k // STEP)
     per = ks * np.uint64(TILE * STEP)  # packed elements per 16 rows of a
     nfull = n - n % TILE
-    group = 1 if m <= TILE else GROUP  # decode: one weight tile per pass streams fewest rows at once
-    for jb in range(0, nfull, TILE * group):
-        nt = min(group, (nfull - jb) // TILE)
-        for mt in range(0, m, TILE):
-            amx_w_at(ct, w, np.uint64(wbase) + np.uint64(jb) * np.uint64(ldw), np.uint64(ldw), xv,
-                     np.uint64(x0) + np.uint64(mt // TILE) * per, ks, np.uint64(nt))
-            for jj in range(nt * TILE):
-                for i in range(min(TILE, m - mt)):
-                    c[mt + i, j0 + jb + jj] += ct[jj * TILE + i]
+    if m <= TILE:  # decode: one weight tile per pass streams the fewest rows at once
+        for jb in range(0, nfull, TILE):
+            amx_w_at(ct, w, np.uint64(wbase) + np.uint64(jb) * np.uint64(ldw), np.uint64(ldw), xv, np.uint64(x0),
+                     ks, np.uint64(1))
+            for jj in range(TILE):
+                for i in range(m):
+                    c[i, j0 + jb + jj] += ct[jj * TILE + i]
+        return nfull
+    for jb in range(0, nfull, 2 * TILE):  # prefill: two weight tiles against two tiles of a
+        nw = min(2, (nfull - jb) // TILE)
+        for mt in range(0, m, 2 * TILE):
+            nm = min(2, (m - mt + TILE - 1) // TILE)
+            amx_w_at2(ct, w, np.uint64(wbase) + np.uint64(jb) * np.uint64(ldw), np.uint64(ldw), xv,
+                      np.uint64(x0) + np.uint64(mt // TILE) * per, per, ks, np.uint64(nw), np.uint64(nm))
+            for v in range(nw):
+                for u in range(nm):
+                    at = (2 * v + u) * TILE * TILE
+                    r0 = mt + u * TILE
+                    for jj in range(TILE):
+                        for i in range(min(TILE, m - r0)):
+                            c[r0 + i, j0 + jb + v * TILE + jj] += ct[at + jj * TILE + i]
     return nfull
