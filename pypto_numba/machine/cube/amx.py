@@ -61,6 +61,87 @@ def _config(builder):
     return builder.bitcast(cfg, _I8.as_pointer())
 
 
+class _Tiles:
+    """The AMX instructions of one kernel on immediate tile numbers (``ldtilecfg`` done on creation)."""
+
+    def __init__(self, builder):
+        self.b = builder
+        i8p = self.i8p = _I8.as_pointer()
+
+        def decl(name, *a):
+            return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ir.VoidType(), list(a)))
+
+        self._load, self._dp = decl("llvm.x86.tileloadd64", _I8, i8p, _I64), decl("llvm.x86.tdpbf16ps", _I8, _I8, _I8)
+        self._store, self._zero = decl("llvm.x86.tilestored64", _I8, i8p, _I64), decl("llvm.x86.tilezero", _I8)
+        self._release = decl("llvm.x86.tilerelease")
+        builder.call(decl("llvm.x86.ldtilecfg", i8p), [_config(builder)])
+
+    def load(self, t, p, stride):
+        self.b.call(self._load, [ir.Constant(_I8, t), p, stride])
+
+    def dp(self, c, a, b):
+        self.b.call(self._dp, [ir.Constant(_I8, c), ir.Constant(_I8, a), ir.Constant(_I8, b)])
+
+    def store(self, t, p):
+        self.b.call(self._store, [ir.Constant(_I8, t), p, _k(64)])
+
+    def zero(self, t):
+        self.b.call(self._zero, [ir.Constant(_I8, t)])
+
+    def release(self):
+        self.b.call(self._release, [])
+
+
+def _k(n):
+    return ir.Constant(_I64, n)
+
+
+def _typing_ok(ct, w, xv):
+    return (isinstance(ct, types.Array) and ct.dtype == types.float32 and irb.storage_array(w)
+            and irb.bf16_array(xv))
+
+
+def _amx_codegen(body):
+    """The codegen of an intrinsic ``(ct, w, w0, ldw, xv, ...)``: C tiles 0-3 zeroed, ``body(builder,
+    tiles, ct, w, xv, args)``, the tiles released. A CPU without AMX, or a ``w`` of another dtype
+    (the walk's other dtypes type the branch but never take it), gets a trap instead."""
+
+    def codegen(context, builder, sig, args):
+        if not (irb.bf16_array(sig.args[1]) and irb.target_has(context, "amx-tile")
+                and irb.target_has(context, "amx-bf16")):
+            builder.call(builder.module.declare_intrinsic("llvm.trap", fnty=ir.FunctionType(ir.VoidType(), [])), [])
+            return context.get_dummy_value()
+        ct_, w_, xv_ = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 4))
+        tiles = _Tiles(builder)
+        for n in range(GROUP):
+            tiles.zero(n)
+        body(builder, tiles, builder.bitcast(ct_.data, tiles.i8p), builder.bitcast(w_.data, tiles.i8p),
+             builder.bitcast(xv_.data, tiles.i8p), args)
+        tiles.release()
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _w_at_body(builder, tiles, cb, wb, xb, args):
+    w0, ldw, x0, ks, nt = args[2], args[3], args[5], args[6], args[7]
+    stride = builder.mul(ldw, _k(2))  # bytes per weight row
+    wb = builder.gep(wb, [builder.mul(w0, _k(2))])
+    xb = builder.gep(xb, [builder.mul(x0, _k(2))])
+    live = [builder.icmp_unsigned(">", nt, _k(n)) for n in range(GROUP)]
+    with cgutils.for_range(builder, ks) as loop:
+        s = loop.index
+        tiles.load(4, builder.gep(xb, [builder.mul(s, _k(TILE * STEP * 2))]), _k(64))
+        ws = builder.gep(wb, [builder.mul(s, _k(STEP * 2))])
+        for n in range(GROUP):
+            with builder.if_then(live[n], likely=True):
+                tiles.load(5 + n % 2, builder.gep(ws, [builder.mul(stride, _k(TILE * n))]), stride)
+                tiles.dp(n, 5 + n % 2, 4)
+    for n in range(GROUP):
+        with builder.if_then(live[n]):
+            tiles.store(n, builder.gep(cb, [_k(n * TILE * TILE * 4)]))
+
+
 @intrinsic
 def amx_w_at(typingctx, ct, w, w0, ldw, xv, x0, ksteps, ntiles):
     """``ct[t*256 + j*16 + i] = sum_q w[w0 + (16t + j)*ldw + q] * a_i[q]`` for ``t < ntiles``
@@ -68,55 +149,35 @@ def amx_w_at(typingctx, ct, w, w0, ldw, xv, x0, ksteps, ntiles):
     (weight row, then row of a), ``a``'s 16 rows given packed by :func:`pack_pairs` at ``xv[x0:]``.
     ``w`` raw bf16 (uint16), offsets and counts uint64, ``ldw`` in elements; ``ct`` fp32 with room
     for ``256*GROUP``. Tiles 0-3 hold C, 4 the B tile of a step, 5-6 the A tiles (alternating); the
-    walk's decode passes call it with one weight tile.
-    A CPU without AMX, or a ``w`` of another dtype, gets a trap here (the walk calls it only for
-    bf16 and when :func:`enabled`)."""
-    if not (isinstance(ct, types.Array) and ct.dtype == types.float32 and irb.storage_array(w)
-            and irb.bf16_array(xv)):
-        return None
+    walk's decode passes call it with one weight tile."""
+    if _typing_ok(ct, w, xv):
+        u64 = types.uint64
+        return types.void(ct, w, u64, u64, xv, u64, u64, u64), _amx_codegen(_w_at_body)
 
-    def codegen(context, builder, sig, args):
-        ct_, w_, xv_ = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 4))
-        w0, ldw, x0, ks, nt = args[2], args[3], args[5], args[6], args[7]
-        # a non-bf16 w: the walk's other dtypes type this branch but never take it
-        if not (irb.bf16_array(sig.args[1]) and irb.target_has(context, "amx-tile")
-                and irb.target_has(context, "amx-bf16")):
-            builder.call(builder.module.declare_intrinsic("llvm.trap", fnty=ir.FunctionType(ir.VoidType(), [])), [])
-            return context.get_dummy_value()
-        i8p = _I8.as_pointer()
 
-        def decl(name, *a):
-            return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ir.VoidType(), list(a)))
-
-        t = lambda n: ir.Constant(_I8, n)  # noqa: E731
-        k = lambda n: ir.Constant(_I64, n)  # noqa: E731
-        load, dp = decl("llvm.x86.tileloadd64", _I8, i8p, _I64), decl("llvm.x86.tdpbf16ps", _I8, _I8, _I8)
-        builder.call(decl("llvm.x86.ldtilecfg", i8p), [_config(builder)])
-        for n in range(GROUP):
-            builder.call(decl("llvm.x86.tilezero", _I8), [t(n)])
-        stride = builder.mul(ldw, k(2))  # bytes per weight row
-        wb = builder.bitcast(builder.gep(w_.data, [w0]), i8p)
-        xb = builder.bitcast(builder.gep(xv_.data, [x0]), i8p)
-        live = [builder.icmp_unsigned(">", nt, k(n)) for n in range(GROUP)]
-        with cgutils.for_range(builder, ks) as loop:
-            s = loop.index
-            builder.call(load, [t(4), builder.gep(xb, [builder.mul(s, k(TILE * STEP * 2))]), k(64)])
-            ws = builder.gep(wb, [builder.mul(s, k(STEP * 2))])
-            for n in range(GROUP):
-                with builder.if_then(live[n], likely=True):
-                    wn = builder.gep(ws, [builder.mul(stride, k(TILE * n))])
-                    builder.call(load, [t(5 + n % 2), wn, stride])
-                    builder.call(dp, [t(n), t(5 + n % 2), t(4)])
-        store = decl("llvm.x86.tilestored64", _I8, i8p, _I64)
-        cb = builder.bitcast(ct_.data, i8p)
-        for n in range(GROUP):
-            with builder.if_then(live[n]):
-                builder.call(store, [t(n), builder.gep(cb, [k(n * TILE * TILE * 4)]), k(64)])
-        builder.call(decl("llvm.x86.tilerelease"), [])
-        return context.get_dummy_value()
-
-    u64 = types.uint64
-    return types.void(ct, w, u64, u64, xv, u64, u64, u64), codegen
+def _w_at2_body(builder, tiles, cb, wb, xb, args):
+    w0, ldw, x0, xs, ks, nw, nm = args[2], args[3], args[5], args[6], args[7], args[8], args[9]
+    stride = builder.mul(ldw, _k(2))
+    wb = builder.gep(wb, [builder.mul(w0, _k(2))])
+    xbs = [builder.gep(xb, [builder.mul(builder.add(x0, builder.mul(xs, _k(u))), _k(2))]) for u in range(2)]
+    live_w = [builder.icmp_unsigned(">", nw, _k(v)) for v in range(2)]
+    live_m = [builder.icmp_unsigned(">", nm, _k(u)) for u in range(2)]
+    with cgutils.for_range(builder, ks) as loop:
+        s = loop.index
+        for u in range(2):
+            with builder.if_then(live_m[u], likely=True):
+                tiles.load(6 + u, builder.gep(xbs[u], [builder.mul(s, _k(TILE * STEP * 2))]), _k(64))
+        ws = builder.gep(wb, [builder.mul(s, _k(STEP * 2))])
+        for v in range(2):
+            with builder.if_then(live_w[v], likely=True):
+                tiles.load(4 + v, builder.gep(ws, [builder.mul(stride, _k(TILE * v))]), stride)
+                for u in range(2):
+                    with builder.if_then(live_m[u], likely=True):
+                        tiles.dp(2 * v + u, 4 + v, 6 + u)
+    for v in range(2):
+        for u in range(2):
+            with builder.if_then(builder.and_(live_w[v], live_m[u])):
+                tiles.store(2 * v + u, builder.gep(cb, [_k((2 * v + u) * TILE * TILE * 4)]))
 
 
 @intrinsic
@@ -124,57 +185,10 @@ def amx_w_at2(typingctx, ct, w, w0, ldw, xv, x0, xs, ksteps, nw, nm):
     """:func:`amx_w_at` for two weight tiles against two tiles of ``a`` (prefill): C tile ``2v + u``
     = weight rows ``16v .. 16v+15`` times the rows of ``a`` packed at ``xv[x0 + u*xs]``, for
     ``v < nw``, ``u < nm`` (each 1 or 2), stored to ``ct[(2v + u)*256 + j*16 + i]``. Per step two A
-    and two B tiles feed four TDPBF16PS (one of each per product with four weight tiles)."""
-    if not (isinstance(ct, types.Array) and ct.dtype == types.float32 and irb.storage_array(w)
-            and irb.bf16_array(xv)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ct_, w_, xv_ = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 4))
-        w0, ldw, x0, xs, ks, nw, nm = args[2], args[3], args[5], args[6], args[7], args[8], args[9]
-        if not (irb.bf16_array(sig.args[1]) and irb.target_has(context, "amx-tile")
-                and irb.target_has(context, "amx-bf16")):
-            builder.call(builder.module.declare_intrinsic("llvm.trap", fnty=ir.FunctionType(ir.VoidType(), [])), [])
-            return context.get_dummy_value()
-        i8p = _I8.as_pointer()
-
-        def decl(name, *a):
-            return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ir.VoidType(), list(a)))
-
-        t = lambda n: ir.Constant(_I8, n)  # noqa: E731
-        k = lambda n: ir.Constant(_I64, n)  # noqa: E731
-        load, dp = decl("llvm.x86.tileloadd64", _I8, i8p, _I64), decl("llvm.x86.tdpbf16ps", _I8, _I8, _I8)
-        builder.call(decl("llvm.x86.ldtilecfg", i8p), [_config(builder)])
-        for n in range(4):
-            builder.call(decl("llvm.x86.tilezero", _I8), [t(n)])
-        stride = builder.mul(ldw, k(2))
-        wb = builder.bitcast(builder.gep(w_.data, [w0]), i8p)
-        xb = [builder.bitcast(builder.gep(xv_.data, [builder.add(x0, builder.mul(xs, k(u)))]), i8p) for u in range(2)]
-        live_w = [builder.icmp_unsigned(">", nw, k(v)) for v in range(2)]
-        live_m = [builder.icmp_unsigned(">", nm, k(u)) for u in range(2)]
-        with cgutils.for_range(builder, ks) as loop:
-            s_ = loop.index
-            for u in range(2):
-                with builder.if_then(live_m[u], likely=True):
-                    builder.call(load, [t(6 + u), builder.gep(xb[u], [builder.mul(s_, k(TILE * STEP * 2))]), k(64)])
-            ws = builder.gep(wb, [builder.mul(s_, k(STEP * 2))])
-            for v in range(2):
-                with builder.if_then(live_w[v], likely=True):
-                    builder.call(load, [t(4 + v), builder.gep(ws, [builder.mul(stride, k(TILE * v))]), stride])
-                    for u in range(2):
-                        with builder.if_then(live_m[u], likely=True):
-                            builder.call(dp, [t(2 * v + u), t(4 + v), t(6 + u)])
-        store = decl("llvm.x86.tilestored64", _I8, i8p, _I64)
-        cb = builder.bitcast(ct_.data, i8p)
-        for v in range(2):
-            for u in range(2):
-                with builder.if_then(builder.and_(live_w[v], live_m[u])):
-                    builder.call(store, [t(2 * v + u), builder.gep(cb, [k((2 * v + u) * TILE * TILE * 4)]), k(64)])
-        builder.call(decl("llvm.x86.tilerelease"), [])
-        return context.get_dummy_value()
-
-    u64 = types.uint64
-    return types.void(ct, w, u64, u64, xv, u64, u64, u64, u64, u64), codegen
+    (tiles 4-5) and two B tiles (6-7) feed four TDPBF16PS, where four weight tiles take five loads."""
+    if _typing_ok(ct, w, xv):
+        u64 = types.uint64
+        return types.void(ct, w, u64, u64, xv, u64, u64, u64, u64, u64), _amx_codegen(_w_at2_body)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
