@@ -359,18 +359,16 @@ def _gate_up_kernel(x, wg, wu, out, lim, m1, k1, n1, acc, x_l1, w_l1, slots, ops
         ga = w_l1[tid, 0]
         ua = w_l1[tid, 1]
         sl = slots0 + tid * 4 * cube.ARG_SLOTS
-        if use_amx:
-            x0 = (mb // amx.TILE) * (K // amx.STEP) * amx.TILE * amx.STEP
+        if use_amx:  # the whole 16-row groups of weight rows on AMX tiles, the rows past them below
             ct = xa.reshape(-1)  # the L1 scratch holds the C tiles (x is read packed)
-            jg = amx.amx_rows(cg, 0, vm, vn, xv, x0, wg.reshape(-1), nb * K, K, K, ct)
-            amx.amx_rows(cu, 0, vm, vn, xv, x0, wu.reshape(-1), nb * K, K, K, ct)
-            kv = K - K % amx.STEP
-            for i in range(vm):  # the k % 32 rest of the tiles' sums, every k of the rows past them
-                for j in range(vn):
-                    q0 = kv if j < jg else 0
+            xf = x.reshape(-1)
+            jg = amx.amx_rows(cg, 0, vm, vn, xf, mb * K, K, xv, mb, wg.reshape(-1), nb * K, K, K, ct)
+            amx.amx_rows(cu, 0, vm, vn, xf, mb * K, K, xv, mb, wu.reshape(-1), nb * K, K, K, ct)
+            for i in range(vm):
+                for j in range(jg, vn):
                     sg = np.float32(0.0)
                     su = np.float32(0.0)
-                    for q in range(q0, K):
+                    for q in range(K):
                         xi = dtypes.widen(x[mb + i, q])
                         sg += xi * dtypes.widen(wg[nb + j, q])
                         su += xi * dtypes.widen(wu[nb + j, q])
@@ -475,9 +473,9 @@ def gate_up_swiglu(x, w_gate, w_up, *, limit=None, profile=None, cube_tiles=None
     lim = np.inf if prm["limit"] is None else prm["limit"]
     x2 = xt.kview.reshape(-1, xt.shape[-1])
     K = xt.shape[-1]
-    use_amx = (dtype == "bf16" and x2.shape[0] >= amx.MIN_ROWS and K >= amx.STEP and m1 % amx.TILE == 0
-               and m1 * k1 >= amx.GROUP * amx.TILE**2 and amx.enabled())
-    xv = amx.pack_pairs(x2) if use_amx else np.zeros(1, np.uint16)
+    # the C tiles live in the x L1 scratch: it must hold them
+    use_amx = m1 * k1 >= amx.GROUP * amx.TILE**2 and amx.applies(x2.shape[0], K, m1, x2.dtype)
+    xv = amx.pack_pairs(x2) if use_amx else amx.NO_PACK
     with Launch(p, [xt.shape, gt.shape, ut.shape]) as run:
         with cube.single_thread_blas(), cube.dynamic_tasks():
             run.count(_gate_up_kernel(x2, gt.kview, ut.kview, out_k.reshape(-1, gt.shape[0]), lim, m1, k1, n1, acc,

@@ -76,7 +76,6 @@ from .kernels import (  # noqa: F401
     WIDEN_OPS,
     _rmsnorm_kernel,
     _widen_weight,
-    norm_row,
     row_rstd,
 )
 from .plans import _plan, plan_deferred, plan_fused_add, plan_plain  # noqa: F401

@@ -42,17 +42,6 @@ def row_rstd(ss, inv_d, eps32):
     return vmath.rsqrt(ss * inv_d + eps32)
 
 
-@device(forceinline=True)
-def norm_row(y, wf, dst, d_off, uD, ss, inv_d, eps32, cm=None):
-    """``dst[d_off:][:D] = y * 1/sqrt(ss/D + eps) * wf`` for the fp32 row ``y`` and its sum of
-    squares ``ss`` (summed by the caller in the loop that fills ``y``, as rope.rmsnorm does);
-    ``cm``: the cast mode of the narrowing (a ``dtypes.CastMode``; omitted: rint). The readable
-    form of the kernel's ``tile.store_scale_mul`` (same bits, plain stores)."""
-    rstd = row_rstd(ss, inv_d, eps32)
-    for j in range(uD):
-        dst[d_off + j] = dtypes.narrow(dst, y[j] * rstd * wf[j], cm)
-
-
 @kernel
 def _rmsnorm_kernel(
     x,
@@ -139,7 +128,7 @@ def _rmsnorm_kernel(
             if scale_only:
                 scale[r0 + t] = row_rstd(ss, inv_d, eps32)
             else:
-                tile.store_scale_mul(y, np.uint64(0), row_rstd(ss, inv_d, eps32), wf, of, off, uD, stream_out, cm)  # norm_row's store
+                tile.store_scale_mul(y, np.uint64(0), row_rstd(ss, inv_d, eps32), wf, of, off, uD, stream_out, cm)
         if stream_out or stream_res:
             tile.store_fence()
         elems = valid * D

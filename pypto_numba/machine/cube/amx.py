@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .. import ir as irb
+from .. import dtypes, ir as irb
 from ..jit import device
 
 TILE = 16  # rows of a tile (weight rows per A tile, rows of a per B tile)
@@ -210,18 +210,47 @@ def pack_pairs(a):
     return xv
 
 
-@device(boundscheck=False)
-def amx_rows(c, j0, m, n, xv, x0, w, wbase, ldw, k, ct):
-    """``c[i, j0 + j] += sum_{q < 32*(k // 32)} a_i[q] * w[wbase + j*ldw + q]`` for ``i < m`` and the
-    first ``16*(n // 16)`` weight rows ``j``, on AMX tiles; returns that row count (the caller does
-    the weight rows past it and the ``k % 32`` rest of every sum).
+def applies(rows: int, k: int, m1: int, kernel_dtype) -> bool:
+    """Whether a walk of ``rows`` rows of ``a`` over ``k``, in blocks of ``m1`` rows, runs on AMX:
+    bf16 (uint16 kernel views), at least ``MIN_ROWS`` rows and one step of K, blocks of whole
+    16-row tiles of ``a``, and :func:`enabled`."""
+    return (np.dtype(kernel_dtype) == np.uint16 and rows >= MIN_ROWS and k >= STEP and m1 % TILE == 0
+            and enabled())
 
-    ``a``'s rows as :func:`pack_pairs` packed them, the block's first 16 from ``xv[x0]``; ``w`` raw
-    bf16 (flat uint16); ``ct`` fp32 scratch of ``256*GROUP``.
+
+NO_PACK = np.zeros(1, np.uint16)  # a kernel's packed ``a`` when it does not run AMX
+
+
+@device(boundscheck=False)
+def amx_rows(c, j0, m, n, a, abase, lda, xv, row0, w, wbase, ldw, k, ct):
+    """``c[i, j0 + j] += sum_{q < k} a[abase + i*lda + q] * w[wbase + j*ldw + q]`` for ``i < m`` and
+    the first ``16*(n // 16)`` weight rows ``j``: the whole steps of 32 on AMX tiles, then the
+    ``k % 32`` rest in a loop; returns that row count (the caller does the weight rows past it).
+
+    ``a`` raw bf16 (flat uint16, the block's rows), also packed by :func:`pack_pairs` in ``xv``,
+    where the block starts at row ``row0`` of the packed matrix (a multiple of 16); ``w`` raw bf16
+    (flat uint16); ``ct`` fp32 scratch of ``256*GROUP``.
     """
     ks = np.uint64(k // STEP)
     per = ks * np.uint64(TILE * STEP)  # packed elements per 16 rows of a
+    x0 = np.uint64(row0 // TILE) * per
     nfull = n - n % TILE
+    _tiles(c, j0, m, nfull, xv, x0, per, ks, w, wbase, ldw, ct)
+    kv = np.uint64(k - k % STEP)
+    for i in range(m):  # the k % 32 rest of the tiles' sums
+        ri = np.uint64(abase) + np.uint64(i) * np.uint64(lda)
+        for j in range(nfull):
+            wj = np.uint64(wbase) + np.uint64(j) * np.uint64(ldw)
+            s = np.float32(0.0)
+            for q in range(kv, np.uint64(k)):
+                s += dtypes.widen(a[ri + q]) * dtypes.widen(w[wj + q])
+            c[i, j0 + j] += s
+    return nfull
+
+
+@device(boundscheck=False)
+def _tiles(c, j0, m, nfull, xv, x0, per, ks, w, wbase, ldw, ct):
+    """:func:`amx_rows`' tile part over the ``nfull`` weight rows."""
     if m <= TILE:  # decode: one weight tile per pass streams the fewest rows at once
         for jb in range(0, nfull, TILE):
             amx_w_at(ct, w, np.uint64(wbase) + np.uint64(jb) * np.uint64(ldw), np.uint64(ldw), xv, np.uint64(x0),
@@ -229,7 +258,7 @@ def amx_rows(c, j0, m, n, xv, x0, w, wbase, ldw, k, ct):
             for jj in range(TILE):
                 for i in range(m):
                     c[i, j0 + jb + jj] += ct[jj * TILE + i]
-        return nfull
+        return
     for jb in range(0, nfull, 2 * TILE):  # prefill: two weight tiles against two tiles of a
         nw = min(2, (nfull - jb) // TILE)
         for mt in range(0, m, 2 * TILE):
@@ -243,4 +272,3 @@ def amx_rows(c, j0, m, n, xv, x0, w, wbase, ldw, k, ct):
                     for jj in range(TILE):
                         for i in range(min(TILE, m - r0)):
                             c[r0 + i, j0 + jb + v * TILE + jj] += ct[at + jj * TILE + i]
-    return nfull

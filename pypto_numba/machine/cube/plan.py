@@ -171,9 +171,6 @@ def plan_walk(
     )
 
 
-_NO_PACK = np.zeros(1, np.uint16)  # the kernel's xv without AMX
-
-
 def run_walk(
     a_k: np.ndarray,
     b_k: np.ndarray,
@@ -231,9 +228,8 @@ def run_walk(
         gm, gn = _groups(a_k.shape[0], b_k.shape[0], p["m1"], p["n1"], numba.config.NUMBA_NUM_THREADS)
     work = scratch(p["m1"] * gm, p["k1"], p["n1"] * gn, p["k0"], a_k.dtype == np.float32, skinny, k=a_k.shape[1])
     # bf16 decode loops: whole 16-row groups of weight rows on AMX tiles where the host has them
-    use_amx = (skinny and a_k.dtype == np.uint16 and a_k.shape[0] >= amx.MIN_ROWS and a_k.shape[1] >= amx.STEP
-               and p["m1"] % amx.TILE == 0 and amx.enabled())
-    xv = amx.pack_pairs(a_k) if use_amx else _NO_PACK
+    use_amx = skinny and amx.applies(a_k.shape[0], a_k.shape[1], p["m1"], a_k.dtype)
+    xv = amx.pack_pairs(a_k) if use_amx else amx.NO_PACK
     with single_thread_blas(), dynamic_tasks():
         return matmul_nt_kernel(a_k, b_k, bias_k, out_k, has_bias, scale_k, has_scale, p["m1"], p["k1"], p["n1"],
                                 p["m0"], p["k0"], p["n0"], skinny, bool(merge_k), use_amx, xv, gm, gn, *work)

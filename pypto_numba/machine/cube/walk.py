@@ -16,7 +16,7 @@ from numba.extending import overload
 
 from .. import dtypes
 from ..jit import device, kernel
-from .amx import STEP as AMX_STEP, TILE as AMX_TILE, amx_rows
+from .amx import amx_rows
 from .blas import ARG_SLOTS, mma_blas
 from .decode import SKINNY_ROWS, _pairs, _skinny_rows
 from .epilogue import epilogue
@@ -148,17 +148,7 @@ def walk_task(
         bw = b.reshape(-1)  # the weight in its storage dtype, widened on the fly
         j_amx = 0
         if amx and pairs:  # whole 16-row groups of weight rows on AMX tiles
-            j_amx = amx_rows(c, 0, vm, vn, xv, (mb // AMX_TILE) * (K // AMX_STEP) * AMX_TILE * AMX_STEP, bw, nb * K,
-                             K, K, wf)
-            kv = K - K % AMX_STEP
-            for i in range(vm):  # the k % 32 rest of those sums
-                ri = np.uint64(a0 + i * lda_s)
-                for j in range(j_amx):
-                    wj = np.uint64((nb + j) * K)
-                    s = np.float32(0.0)
-                    for q in range(np.uint64(kv), np.uint64(K)):
-                        s += dtypes.widen(araw[ri + q]) * dtypes.widen(bw[wj + q])
-                    c[i, j] += s
+            j_amx = amx_rows(c, 0, vm, vn, araw, a0, lda_s, xv, mb, bw, nb * K, K, K, wf)
         for jb in range(j_amx, vn, SKINNY_ROWS):  # weight rows streamed together over the whole of K
             vj = min(SKINNY_ROWS, vn - jb)
             far = SKINNY_ROWS * K if jb + 2 * SKINNY_ROWS <= vn else 0  # the next group, if whole
