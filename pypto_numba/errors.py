@@ -29,4 +29,5 @@ class DTypeError(PyptoNumbaError, TypeError):
 
 
 class ConfigError(PyptoNumbaError):
-    """A model config has inconsistent or missing fields (the message names the field)."""
+    """A model config has inconsistent or missing fields, or a setting (an environment variable)
+    has a value it does not take; the message names the field or the variable."""

@@ -227,14 +227,14 @@ def _dot4x4_all(a, w, nvec, res, out):
 @pytest.mark.parametrize("k, nvec", [(128, 8), (80, 5), (83, 5), (16, 1), (16, 0)])
 def test_dot4x4_register_block(dt, k, nvec, rng):
     """cube.dot4x4 (the attention QK^T block): 16 dot products over the first L*nvec elements
-    (L = DOT4X4_LANES), widened exactly from every storage dtype, results in row-major order; the
+    (L = 16), widened exactly from every storage dtype, results in row-major order; the
     rest of the row is not read."""
     a = rng.standard_normal((8, k)).astype(np.float32)
     w = make((12, k), dt, rng)
     res = np.full(16, np.nan, np.float32)
     out = np.full((8, 12), np.nan, np.float32)
     _dot4x4_all(a, dtypes.kernel_view(w), nvec, res, out)
-    used = cube.DOT4X4_LANES * nvec
+    used = cube.V16 * nvec
     assert used <= k
     ref = a[:, :used].astype(np.float64) @ dtypes.to_float32(w)[:, :used].astype(np.float64).T
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * max(1, used) ** 0.5)
@@ -404,3 +404,29 @@ def test_outer_rows_exact_on_integers(rng):
     _outer_rows(c, np.uint64(0), np.uint64(n), A.reshape(-1), np.uint64(0), np.uint64(k), B.reshape(-1),
                 np.uint64(0), np.uint64(n), m, n, k)
     np.testing.assert_array_equal(c.reshape(m, n), (A.astype(np.int64) @ B.astype(np.int64)).astype(np.float32))
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "off", "true"])
+def test_amx_setting_takes_only_0_or_1(value, monkeypatch):
+    """PYPTO_NUMBA_AMX: a value other than 0 or 1 is a ConfigError naming the variable and the
+    value (not silently AMX on); 0 turns AMX off on every host; unset, empty or 1 is the default."""
+    from pypto_numba.errors import ConfigError
+    from pypto_numba.machine.cube import amx
+
+    try:
+        monkeypatch.setenv(amx.ENV, value)
+        amx.enabled.cache_clear()
+        with pytest.raises(ConfigError, match=f"PYPTO_NUMBA_AMX={value!r}: expected 0"):
+            amx.enabled()
+        monkeypatch.setenv(amx.ENV, " 0 ")
+        amx.enabled.cache_clear()
+        assert amx.enabled() is False
+        monkeypatch.setenv(amx.ENV, "")
+        amx.enabled.cache_clear()
+        default = amx.enabled()
+        monkeypatch.setenv(amx.ENV, "1")
+        amx.enabled.cache_clear()
+        assert amx.enabled() is default
+    finally:
+        monkeypatch.undo()
+        amx.enabled.cache_clear()

@@ -27,6 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ...errors import ConfigError
 from .. import dtypes, ir as irb
 from ..jit import device
 
@@ -41,8 +42,13 @@ _I8, _I64 = ir.IntType(8), ir.IntType(64)
 
 @functools.lru_cache(maxsize=None)
 def enabled() -> bool:
-    """Whether the walk may run its bf16 blocks on AMX here (decided once per process)."""
-    if os.environ.get(ENV, "1") == "0" or sys.platform != "linux":
+    """Whether the walk may run its bf16 blocks on AMX here (decided once per process):
+    ``PYPTO_NUMBA_AMX`` unset, empty or ``1`` and the CPU and kernel allow it; ``0`` never."""
+    setting = os.environ.get(ENV, "").strip() or "1"
+    if setting not in ("0", "1"):
+        raise ConfigError(f"{ENV}={os.environ[ENV]!r}: expected 0 (the loops, the same bits on every host) or 1 "
+                          "(AMX where the CPU has AMX-BF16, the default); set one of them or unset it")
+    if setting == "0" or sys.platform != "linux":
         return False
     feats = str(numba.core.codegen.JITCPUCodegen("amx")._get_host_cpu_features()).split(",")
     if "+amx-tile" not in feats or "+amx-bf16" not in feats:
