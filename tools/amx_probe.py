@@ -4,7 +4,7 @@ The hosts change between sessions (2-core Xeons with AVX512-BF16 and AMX-BF16, A
 AVX512-BF16 only). torch's bf16 ``F.linear`` uses AMX where the CPU has it (oneDNN), so on such
 a host it outruns any VDPBF16PS loop; this tool measures, on one core with the operands in cache:
 
-- ``dot4x4_pairs`` (the decode loops' bf16 block, VDPBF16PS) and ``dot4x4_v16`` (fp32 FMAs on a
+- ``dot4x4_pairs`` (the decode loops' bf16 block, VDPBF16PS) and ``dot4x4`` (fp32 FMAs on a
   widened bf16 weight), the cube's register blocks (``machine/cube/blocks.py``);
 - the walk's AMX block (``machine/cube/amx.py``): ``C^T[64, 16] = W[64, K] @ x[16, K]^T``, four
   16 x 16 fp32 C tiles, W's rows as A tiles straight from the row-major weight, x packed once in
@@ -46,7 +46,7 @@ def _run_pairs(a, w, res, reps):
 @numba.njit
 def _run_fma(a, w, res, reps):
     for _ in range(reps):
-        blocks.dot4x4_v16(a, U(0), U(K), w, U(0), U(K), U(K // 16), res)
+        blocks.dot4x4(a, U(0), U(K), w, U(0), U(K), U(K // 16), res)
 
 
 def _gflops(fn, flops_per_rep, reps):
@@ -64,7 +64,7 @@ def main():
     res = np.zeros(16, np.float32)
     a4f = a4.view(ml_dtypes.bfloat16).astype(np.float32)
     print(f"dot4x4_pairs (VDPBF16PS), one core:  {_gflops(lambda r: _run_pairs(a4, w4, res, r), 32 * K, 20000):7.0f} GFLOP/s")
-    print(f"dot4x4_v16 (fp32 FMA), one core:     {_gflops(lambda r: _run_fma(a4f, w4, res, r), 32 * K, 20000):7.0f} GFLOP/s")
+    print(f"dot4x4 (fp32 FMA), one core:        {_gflops(lambda r: _run_fma(a4f, w4, res, r), 32 * K, 20000):7.0f} GFLOP/s")
     if not amx.enabled():
         print("AMX: not available here (no amx-tile/amx-bf16 for numba's target, or the OS refused its tiles)")
     else:

@@ -42,7 +42,8 @@ Forcing 512-bit on the Xeon (``NUMBA_CPU_FEATURES=...,-prefer-256-bit``) made th
 slower (D = 128 rows are too short to amortise them), so no kernel overrides the CPU's choice.
 The compute-bound inner loops that gain from 512-bit vectors whatever the CPU are written in IR
 with explicit 16-lane fp32 vectors instead (``vmath.softmax_exp``/``rowmax``, GELU's span, rope's
-rotation, the cube's register blocks): the width is chosen per loop, where it was measured faster.
+rotation, the cube's register blocks, decode attention's QK^T and P @ V blocks): the width is
+chosen per loop, where it was measured faster.
 
 Threads and determinism
 -----------------------

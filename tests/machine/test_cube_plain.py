@@ -40,9 +40,8 @@ def _dot_driver(block, rows, cols, lanes, stream):
 
 
 DOT_BLOCKS = {  # name: (block, rows, cols, lanes, takes far)
-    "dot4x4": (cube.dot4x4, 4, 4, cube.DOT4X4_LANES, False),
-    "dot4x4_v16": (cube.dot4x4_v16, 4, 4, cube.V16, False),
-    "dot4x4_v16_stream": (cube.dot4x4_v16_stream, 4, 4, cube.V16, True),
+    "dot4x4": (cube.dot4x4, 4, 4, cube.V16, False),
+    "dot4x4_stream": (cube.dot4x4_stream, 4, 4, cube.V16, True),
     "dot4x2": (cube.dot4x2, 4, 2, cube.V16, False),
     "dot1x4": (cube.dot1x4, 1, 4, cube.V16, False),
     "dot1x4_stream": (cube.dot1x4_stream, 1, 4, cube.V16, True),
@@ -148,3 +147,35 @@ def test_outer_blocks_plain_same_bits(name, dt, k, acc, rng):
                                      U64(ldw), U64(k), U64(acc))
     assert np.array_equal(c_ir.view(np.uint32), c_plain.view(np.uint32))
     assert not np.array_equal(c_plain, c) or (k == 0 and acc)
+
+
+@numba.njit
+def _pv_driver(o_ir, o_plain, oo, ldo, p, po, ldp, v, va, ldv, keys, nvec):
+    if keys == 4:
+        cube.pv4x4(o_ir, oo, ldo, p, po, ldp, v, va, ldv, nvec)
+    else:
+        cube.pv4x1(o_ir, oo, ldo, p, po, ldp, v, va, ldv, nvec)
+    blocks_plain.outer_block_plain(o_plain, oo, ldo, p, po, ldp, v, va, ldv, keys, cube.blocks.OUTER_CONTINUE,
+                                   4, U64(16) * nvec)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("keys", [4, 1])
+@pytest.mark.parametrize("nvec", [8, 3, 0])
+def test_pv_blocks_plain_same_bits(dt, keys, nvec, rng):
+    """Decode P @ V (``pv4x4``, ``pv4x1``) is the outer-product arithmetic continuing the sums in
+    ``o``: the plain outer block gives its bits over 16*nvec columns at odd offsets and strides,
+    for V in every storage dtype; nothing past those columns changes."""
+    ldo, ldp, ldv = 16 * nvec + 5, keys + 3, 16 * nvec + 7
+    oo, po, va = 3, 2, 5
+    o = rng.standard_normal(oo + 4 * ldo).astype(np.float32)
+    p = rng.random(po + 4 * ldp).astype(np.float32)
+    v = dtypes.kernel_view(make((va + keys * ldv,), dt, rng))
+    o_ir, o_plain = o.copy(), o.copy()
+    _pv_driver(o_ir, o_plain, U64(oo), U64(ldo), p, U64(po), U64(ldp), v, U64(va), U64(ldv), keys, U64(nvec))
+    assert np.array_equal(o_ir.view(np.uint32), o_plain.view(np.uint32))
+    changed = o_ir != o
+    assert changed.sum() > (4 * 16 * nvec) // 2 or nvec == 0
+    for i in range(4):  # only the 16*nvec columns of the 4 rows
+        changed[oo + i * ldo:oo + i * ldo + 16 * nvec] = False
+    assert not changed.any()

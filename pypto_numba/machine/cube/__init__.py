@@ -77,9 +77,9 @@ choice: docs/performance.md)
 - fp32 prefill: the walk's blocks are grouped into BLAS calls of about ``GROUP_EDGE`` squared
   outputs (:func:`~.walk.group_task`; counts per block as in the walk).
 - Hot loops index flat views with uint64 indices and take no array views (see machine/jit.py).
-- Register blocks for callers outside the walk: :func:`dot4x4` (attention decode QK^T) and
-  :func:`outer_rows` (outer-product form, attention prefill, where a 64 x 128 x 128 tile is too
-  small for BLAS to amortise its operand packing).
+- Register blocks for callers outside the walk: :func:`dot4x4` and :func:`pv4x4` (attention
+  decode QK^T and P @ V) and :func:`outer_rows` (outer-product form, attention prefill, where a
+  64 x 128 x 128 tile is too small for BLAS to amortise its operand packing).
 
 A block with several L0C tiles (``mL1 > mL0`` or ``nL1 > nL0``) keeps all of them live across its
 kL1 steps; the plan's L0C rule (npu-facts 4.3) is per L0C tile, as in PyPTO. The default linear
@@ -90,7 +90,6 @@ from __future__ import annotations
 
 from .blas import ARG_SLOTS, blas_available, dynamic_tasks, mma_blas, single_thread_blas
 from .blocks import (
-    DOT4X4_LANES,
     OUTER_COLS,
     OUTER_K,
     PAIR,
@@ -103,9 +102,10 @@ from .blocks import (
     dot4x4,
     dot4x4_pairs,
     dot4x4_pairs_stream,
-    dot4x4_v16,
-    dot4x4_v16_stream,
+    dot4x4_stream,
     outer_rows,
+    pv4x1,
+    pv4x4,
 )
 from .decode import SKINNY_M, SKINNY_ROWS, gemv_rows, gemv_rows_pairs, use_loops
 from .epilogue import epilogue

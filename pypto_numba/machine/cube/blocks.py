@@ -3,11 +3,13 @@
 Built from the LLVM IR of :mod:`.ir_blocks`; their plain numba versions, the readable reference
 of each family, are in :mod:`.blocks_plain`. Families:
 
-- dot blocks, fp32 ``a`` against a storage-dtype ``w`` widened on load: ``dot4x4`` (attention
-  QK^T, 256-bit), ``dot4x4_v16`` / ``dot4x2`` / ``dot1x4`` (linear decode, 512-bit), the
-  ``_stream`` forms that also prefetch;
+- dot blocks, fp32 ``a`` against a storage-dtype ``w`` widened on load, 512-bit: ``dot4x4``
+  (attention QK^T and linear decode), ``dot4x2`` / ``dot1x4`` (linear decode), the ``_stream``
+  forms that also prefetch;
 - bf16 pairs blocks, both operands bf16 as stored: ``dot4x4_pairs``, ``dot1x4_pairs``;
-- outer-product blocks ``outer{rows}x{cols}``, run over any shape by :func:`outer_rows`.
+- outer-product blocks ``outer{rows}x{cols}``, run over any shape by :func:`outer_rows`;
+- ``pv4x4`` / ``pv4x1``: decode attention's P @ V, the outer-product arithmetic continuing the
+  sums in the output rows, over a whole row of any length.
 
 Measurements behind the widths and prefetch distances: docs/performance.md.
 """
@@ -18,7 +20,7 @@ import numpy as np
 
 from .. import dtypes
 from ..jit import device
-from .ir_blocks import PAIRS_AUTO, V16, _dot4x4, _dot_intrinsic, _outer, _tree_sums_codegen
+from .ir_blocks import PAIRS_AUTO, V16, _dot4x4, _dot_intrinsic, _outer, _pv4, _tree_sums_codegen
 
 dot4x2 = _dot_intrinsic("dot4x2", _tree_sums_codegen(2))
 dot4x2.__doc__ = """``res[2*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i < 4, j < 2 and
@@ -36,22 +38,15 @@ row of ``a`` against four weight rows (decode with fewer than 4 rows of x left):
 dot1x4_stream = _dot_intrinsic("dot1x4_stream", _tree_sums_codegen(4, rows=1), stream=True)
 """``dot1x4`` that also prefetches the weight rows ``far`` elements on (see ``ir_blocks._dot_block``)."""
 
-# fp32 lanes of dot4x4's vectors: 256-bit, as fast as 512-bit in cache and not slower when K
-# streams from DRAM
-DOT4X4_LANES = 8
-
-dot4x4 = _dot4x4(DOT4X4_LANES)
+dot4x4 = _dot4x4(V16)
 dot4x4.__doc__ = """``res[4*i + j] = sum_q a[r0 + i*lda + q] * widen(w[w0 + j*ldw + q])`` for i, j < 4
-and ``q < DOT4X4_LANES*nvec``: the QK^T register block of decode attention (4 query rows x 4 keys).
+and ``q < 16*nvec``: 4 rows of ``a`` x 4 rows of ``w``, the QK^T block of decode attention (4 query
+rows x 4 keys) and the linear decode step's block (gemv_rows). 512-bit vectors.
 
 16 vector accumulators (8 loads per 16 FMAs), reduced *together*: each step adds the low and high
 halves of two vectors' partial sums into one vector, so the 16 sums take a few shuffles each
 instead of a tree per accumulator, and the last vectors hold the results in order.
 """
-
-# the same block in 512-bit vectors (V16 lanes) for the linear decode step (gemv_rows), which
-# already runs 512-bit (dot4x2)
-dot4x4_v16 = _dot4x4(V16)
 
 # Weight elements the decode block prefetches ahead on its first pass over four weight rows: at
 # M = 8 the block does 128 MACs per weight line, too few line fills in flight for the hardware
@@ -61,7 +56,7 @@ SKINNY_AHEAD = 256
 # The first pass also prefetches, into L2, the same elements of the weight rows SKINNY_ROWS rows on
 # (the next group, which walk_task streams next; ``far`` = its distance in elements, 0 for the
 # task's last group), so a group is on its way from DRAM while the one before it is computed.
-dot4x4_v16_stream = _dot4x4(V16, SKINNY_AHEAD, stream=True)
+dot4x4_stream = _dot4x4(V16, SKINNY_AHEAD, stream=True)
 
 # bf16 decode in pairs (both operands bf16: the raw bits of x and of the weight, no widened copy):
 # each step takes 32 elements of a row, and lane l adds the products of elements 2l+1 and 2l
@@ -75,6 +70,14 @@ dot1x4_pairs_stream = _dot_intrinsic("dot1x4_pairs_stream", _tree_sums_codegen(4
 PAIR = 2 * V16
 """bf16 elements per step of the pairs blocks."""
 
+
+pv4x4 = _pv4(4)
+pv4x4.__doc__ = """``o[oo + i*ldo + c] += sum_e p[po + i*ldp + e] * widen(v[va + e*ldv + c])`` for the rows
+i < 4, the keys e < 4 and ``c < 16*nvec``: decode attention's P @ V over a block of 4 keys. Each
+output is ``o + p0 v0 + p1 v1 + p2 v2 + p3 v3``, one FMA each in key order (the arithmetic of
+``outer4x*`` continuing its sums). Per 16 columns: 4 V loads, 4 O loads and stores, 16 FMAs."""
+pv4x1 = _pv4(1)
+"""``pv4x4`` for one key (a tile's keys past its last multiple of 4)."""
 
 OUTER_COLS = 4 * V16
 """Columns of the widest outer-product block (:func:`outer4x64`)."""

@@ -5,7 +5,7 @@ operations in the same order as the LLVM IR of :mod:`.ir_blocks`, so they give t
 (``tests/test_cube_plain.py``). They are not used by any kernel: the IR blocks keep every
 accumulator in a vector register, which numba's loops do not.
 
-- :func:`dot_block_plain`: the dot blocks with fp32 ``a`` (``dot4x4``, ``dot4x4_v16``,
+- :func:`dot_block_plain`: the dot blocks with fp32 ``a`` (``dot4x4``,
   ``dot4x2``, ``dot1x4`` and their ``_stream`` forms; prefetch hints have no plain form);
 - :func:`pairs_block_plain`: the bf16 pairs blocks (``dot4x4_pairs``, ``dot1x4_pairs``), in the
   FMA form; VDPBF16PS gives the same bits except that it flushes subnormal inputs and sums;

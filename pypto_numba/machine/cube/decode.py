@@ -20,10 +20,10 @@ from .blocks import (
     dot1x4_pairs_stream,
     dot1x4_stream,
     dot4x2,
+    dot4x4,
     dot4x4_pairs,
     dot4x4_pairs_stream,
-    dot4x4_v16,
-    dot4x4_v16_stream,
+    dot4x4_stream,
 )
 from ..ir import bf16_array
 from .ir_blocks import V16
@@ -49,7 +49,7 @@ SKINNY_ROWS = 8
 
 
 def _block4x4(a, r0, ua, w, w0, uw, nv, res, far, first):
-    """The 4 x 4 decode block for ``a``'s dtype: :data:`dot4x4_v16` (fp32 ``a``) or
+    """The 4 x 4 decode block for ``a``'s dtype: :data:`dot4x4` (fp32 ``a``) or
     :data:`dot4x4_pairs` (bf16 ``a``), the streaming form on the ``first`` pass."""
     raise NotImplementedError("numba-only")
 
@@ -66,7 +66,7 @@ def _block_step(a):
 
 @overload(_block4x4, jit_options={"forceinline": True})
 def _block4x4_impl(a, r0, ua, w, w0, uw, nv, res, far, first):
-    stream, plain = (dot4x4_pairs_stream, dot4x4_pairs) if bf16_array(a) else (dot4x4_v16_stream, dot4x4_v16)
+    stream, plain = (dot4x4_pairs_stream, dot4x4_pairs) if bf16_array(a) else (dot4x4_stream, dot4x4)
 
     def impl(a, r0, ua, w, w0, uw, nv, res, far, first):
         if first:
@@ -169,7 +169,7 @@ def gemv_rows(
 
     The decode (skinny) step on flat views: ``a`` fp32 (rows of x), ``w`` the weight in its
     storage dtype, widened on the fly (exact). Register blocks of 4 rows of ``a`` x 4 weight rows
-    (:func:`dot4x4_v16`: 8 loads per 16 FMAs), then 4 x 2 (:func:`dot4x2`) for a last pair,
+    (:func:`dot4x4`: 8 loads per 16 FMAs), then 4 x 2 (:func:`dot4x2`) for a last pair,
     512-bit vectors, then the < 16-element rest in plain code. Rows of ``a`` left over take 1 x 4
     blocks (:func:`dot1x4`); weight rows left over use plain loops (the 4-row part is
     :func:`_rows_by_4`, shared with :func:`gemv_rows_pairs`). The first pass over each four

@@ -276,3 +276,42 @@ def _outer(rows, vecs, lanes=V16):
 
     outer.__name__ = f"outer{rows}x{vecs * lanes}"
     return intrinsic(outer)
+
+
+def _pv4(keys, lanes=V16):
+    """The intrinsic ``pv4x{keys}`` (see :func:`.blocks.pv4x4`)."""
+
+    def pv(typingctx, o, oo, ldo, p, po, ldp, v, va, ldv, nvec):
+        if not (irb.f32_array(o) and irb.f32_array(p) and irb.storage_array(v)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            o_arr, p_arr, v_arr = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 3, 6))
+            oo_, ldo_, po_, ldp_, va_, ldv_, nvec_ = args[1], args[2], args[4], args[5], args[7], args[8], args[9]
+            i64 = ir.IntType(64)
+            vf = ir.VectorType(ir.FloatType(), lanes)
+
+            def at(base, stride, i):
+                return builder.add(base, builder.mul(stride, ir.Constant(i64, i)))
+
+            orows = [at(oo_, ldo_, i) for i in range(4)]
+            vrows = [at(va_, ldv_, e) for e in range(keys)]
+            ps = [[irb.splat(builder, irb.load(builder, p_arr.data, builder.add(at(po_, ldp_, i), ir.Constant(i64, e)),
+                                               ir.FloatType(), 4), vf)
+                   for e in range(keys)] for i in range(4)]
+            with cgutils.for_range(builder, nvec_) as loop:
+                c = builder.mul(loop.index, ir.Constant(i64, lanes))
+                ws = [_load_widen(builder, v_arr.data, builder.add(vr, c), v.dtype, lanes) for vr in vrows]
+                for i in range(4):
+                    ptr = irb.ptr(builder, o_arr.data, builder.add(orows[i], c), vf)
+                    acc = builder.load(ptr, align=4)
+                    for e in range(keys):  # o + p0 v0 + p1 v1 + ..., one FMA each in key order
+                        acc = irb.mul_add(builder, acc, ps[i][e], ws[e])
+                    builder.store(acc, ptr, align=4)
+            return context.get_dummy_value()
+
+        u64 = types.uint64
+        return types.void(o, u64, u64, p, u64, u64, v, u64, u64, u64), codegen
+
+    pv.__name__ = f"pv4x{keys}"
+    return intrinsic(pv)

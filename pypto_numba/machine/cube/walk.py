@@ -98,7 +98,7 @@ def walk_task(
         packed once by :func:`.amx.pack_pairs` (mL1 a multiple of 16)
     c : [mL1, nL1] fp32, the block's L0C tiles
     a_l1, b_l1 : fp32 L1 scratch for 16-bit operands (fp32 operands are read in place)
-    w_l0 : the decode loops' result slots (of :func:`~.blocks.dot4x4_v16`), or AMX's C tiles
+    w_l0 : the decode loops' result slots (of :func:`~.blocks.dot4x4`), or AMX's C tiles
     slots : address of this thread's BLAS argument slots
     """
     M, K = a.shape
