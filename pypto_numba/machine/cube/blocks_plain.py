@@ -2,14 +2,15 @@
 
 One function per family of :mod:`.blocks`, written as loops over lanes, with the same fp32
 operations in the same order as the LLVM IR of :mod:`.ir_blocks`, so they give the same bits
-(``tests/test_cube_plain.py``). They are not used by any kernel: the IR blocks keep every
-accumulator in a vector register, which numba's loops do not.
+(``tests/machine/test_cube_plain.py``). They are not used by any kernel: the IR blocks keep
+every accumulator in a vector register, which numba's loops do not.
 
-- :func:`dot_block_plain`: the dot blocks with fp32 ``a`` (``dot4x4``,
-  ``dot4x2``, ``dot1x4`` and their ``_stream`` forms; prefetch hints have no plain form);
+- :func:`dot_block_plain`: the dot blocks with fp32 ``a`` (``dot4x4``, ``dot4x2``, ``dot1x4``
+  and their ``_stream`` forms; prefetch hints have no plain form);
 - :func:`pairs_block_plain`: the bf16 pairs blocks (``dot4x4_pairs``, ``dot1x4_pairs``), in the
   FMA form; VDPBF16PS gives the same bits except that it flushes subnormal inputs and sums;
-- :func:`outer_block_plain`: the outer-product blocks (``outer{rows}x{cols}``).
+- :func:`outer_block_plain`: the outer-product blocks (``outer{rows}x{cols}``), and with
+  ``OUTER_CONTINUE`` decode attention's ``pv4x4`` / ``pv4x1``.
 
 Compiled with ``contract`` only (no ``reassoc``): every fp32 multiply-add is one FMA, as in the
 IR, and LLVM may not reorder the sums.
