@@ -25,10 +25,11 @@ _U4 = np.uint64(4)
 
 
 @device(forceinline=True)
-def scores_keys(qf, qo, R, D, kf, kj, uks, nk, s, so, un, res):
-    """``s[so + r*un + e] = sum_d qf[qo + r*D + d] * kf[kj + e*uks + d]`` in fp32 for the R rows
+def scores_keys(qf, qo, R, D, kf, kj, uks, nk, s, so, un, ue, res):
+    """``s[so + r*un + e*ue] = sum_d qf[qo + r*D + d] * kf[kj + e*uks + d]`` in fp32 for the R rows
     and the ``nk <= 4`` keys of a block (``nk == 4``: the dot4x4 blocks; else a tile's last keys).
-    ``qo``, ``so``, ``un``, ``kj``, ``uks`` uint64; ``res``: 16 fp32 scratch slots."""
+    Each score's sum is its own, whatever the block's other keys, so any 4 keys may form a block.
+    ``qo``, ``so``, ``un``, ``ue``, ``kj``, ``uks`` uint64; ``res``: 16 fp32 scratch slots."""
     uD = np.uint64(D)
     nv = uD // np.uint64(cube.V16)
     dv = nv * np.uint64(cube.V16)
@@ -46,7 +47,7 @@ def scores_keys(qf, qo, R, D, kf, kj, uks, nk, s, so, un, res):
                     ke = kj + e * uks
                     for d in range(dv, uD):  # the D % 16 rest
                         acc += qf[qi + d] * dtypes.widen(kf[ke + d])
-                    s[s0 + i * un + e] = acc
+                    s[s0 + i * un + e * ue] = acc
         else:
             for e in range(unk):
                 ke = kj + e * uks
@@ -55,7 +56,7 @@ def scores_keys(qf, qo, R, D, kf, kj, uks, nk, s, so, un, res):
                     acc = np.float32(0.0)
                     for d in range(uD):
                         acc += qf[qi + d] * dtypes.widen(kf[ke + d])
-                    s[s0 + i * un + e] = acc
+                    s[s0 + i * un + e * ue] = acc
         r += 4
     while r < R:
         q0 = qo + np.uint64(r * D)
@@ -70,15 +71,15 @@ def scores_keys(qf, qo, R, D, kf, kj, uks, nk, s, so, un, res):
                 x0 = qf[q0 + d]
                 a0 += x0 * dtypes.widen(kf[ka + d])
                 c0 += x0 * dtypes.widen(kf[kb + d])
-            s[s0 + e] = a0
-            s[s0 + e + np.uint64(1)] = c0
+            s[s0 + e * ue] = a0
+            s[s0 + (e + np.uint64(1)) * ue] = c0
             e += np.uint64(2)
         if e < unk:
             ka = kj + e * uks
             a0 = np.float32(0.0)
             for d in range(uD):
                 a0 += qf[q0 + d] * dtypes.widen(kf[ka + d])
-            s[s0 + e] = a0
+            s[s0 + e * ue] = a0
         r += 1
 
 

@@ -10,6 +10,11 @@ them at about a third of the read bandwidth; read key-major over the heads, at n
 tile, so the result has the bits of the dense call on the gathered cache. Only the CPU's loop
 order changes; the NPU model (the plan, the counters) still counts one task per KV head.
 
+Where 2 or 4 key rows share a 4 KiB CPU page (bf16 at Hkv * D = 1024: 2 KiB rows), Q K^T takes
+its blocks of 4 keys as every 2nd (4th) key, so that the walk reads each page in one ascending
+run: a block of 4 adjacent keys reads the page's rows interleaved, and the L2 streamer (one
+stream per page) then falls behind. A score's sum does not depend on the block's other keys.
+
 Used for decode-shaped blocks (``G*q_tile < GEMM_MIN_ROWS``) with ``kv_tile % 4 == 0``: a
 4-key block then never spans pages (block sizes are multiples of 16). Keys at or past
 ``kv_len[b]`` are never read from a page that holds none below it; their scores are zeros and
@@ -43,6 +48,8 @@ from .tiles import (
 )
 from .validation import PV_CODE
 
+_U1 = np.uint64(1)
+PAGE_BYTES = 4096  # the CPU's page: its L2 streamer follows one ascending stream per page
 
 
 @device
@@ -65,6 +72,11 @@ def head_groups(tasks, Hkv, threads):
     return Hkv
 
 
+def rows_per_page(row_bytes):
+    """Key rows (of ``row_bytes``, all heads) in one CPU page: 1 to 4."""
+    return max(1, min(4, PAGE_BYTES // row_bytes))
+
+
 @device
 def _key_offset(table, b, key, bs, Hkv, h0, D):
     """Flat offset of head h0 of key ``key`` of sequence b in the page holding it (uint64)."""
@@ -76,7 +88,7 @@ def _key_offset(table, b, key, bs, Hkv, h0, D):
 @kernel
 def paged_decode_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, causal, left, right, scale,
                         softcap, has_mask, mask, msb, msh, msi, msj, has_sinks, sinks, qt, kv_tile, n_split,
-                        nhg, online, pv_mode, scratch, at, state, state_at, part_m, part_l, part_o, cm):
+                        nhg, kpg, online, pv_mode, scratch, at, state, state_at, part_m, part_l, part_o, cm):
     """Decode over the pages for ``flash`` (``online`` False: split tiles, partials when
     ``n_split > 1``) or ``online`` (its walked tiles, ``pv_mode``, and its state's GM round trip
     per tile in the counters). ``at``: online.scratch_layout's bounds for all rows of a head
@@ -92,6 +104,7 @@ def paged_decode_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
     kf = flat1d(k)
     vf = flat1d(v)
     uks = np.uint64(Hkv * D)  # key stride within a page
+    ukpg = np.uint64(kpg)
     uvs = np.uint64(Hkv * Dv)
     tasks = 0
     gm_read = 0
@@ -140,23 +153,33 @@ def paged_decode_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
             nread = max(min(n, kvl - j0), 0)
             un = np.uint64(n)
             n4 = n - n % 4
-            # QK^T: each block of 4 keys for every head of the group, keys in order
+            # QK^T: blocks of 4 keys for every head of the group. Where ``kpg`` key rows share a
+            # 4 KiB page, a group of 4*kpg keys goes as kpg blocks of every kpg-th key, so that
+            # each page is read in one ascending run (the prefetcher follows one stream a page)
             done = 0
-            for jj in range(0, n4, 4):
-                if jj >= nread:
-                    break
-                kj = _key_offset(table, b, j0 + jj, bs, Hkv, h0, D)
-                for hh in range(nh):
-                    uh = np.uint64(hh)
-                    scores_keys(sc, uq + uh * uRD, R, D, kf, kj + uh * np.uint64(D), uks, 4, sc,
-                                us + uh * uRT + np.uint64(jj), un, res)
-                done = jj + 4
+            while done < n4 and done < nread:
+                jg = j0 + done
+                if kpg > 1 and done + 4 * kpg <= min(n4, nread) and jg // bs == (jg + 4 * kpg - 1) // bs:
+                    for par in range(kpg):
+                        kj = _key_offset(table, b, jg + par, bs, Hkv, h0, D)
+                        for hh in range(nh):
+                            uh = np.uint64(hh)
+                            scores_keys(sc, uq + uh * uRD, R, D, kf, kj + uh * np.uint64(D), uks * ukpg, 4, sc,
+                                        us + uh * uRT + np.uint64(done + par), un, ukpg, res)
+                    done += 4 * kpg
+                else:
+                    kj = _key_offset(table, b, jg, bs, Hkv, h0, D)
+                    for hh in range(nh):
+                        uh = np.uint64(hh)
+                        scores_keys(sc, uq + uh * uRD, R, D, kf, kj + uh * np.uint64(D), uks, 4, sc,
+                                    us + uh * uRT + np.uint64(done), un, _U1, res)
+                    done += 4
             if n4 < nread:  # the tile's last n % 4 keys (one 4-aligned block of a page)
                 kj = _key_offset(table, b, j0 + n4, bs, Hkv, h0, D)
                 for hh in range(nh):
                     uh = np.uint64(hh)
                     scores_keys(sc, uq + uh * uRD, R, D, kf, kj + uh * np.uint64(D), uks, n - n4, sc,
-                                us + uh * uRT + np.uint64(n4), un, res)
+                                us + uh * uRT + np.uint64(n4), un, _U1, res)
                 done = n
             for hh in range(nh):  # keys of pages never read (past kv_len): zero scores, masked
                 for r in range(R):
@@ -173,10 +196,12 @@ def paged_decode_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
                     sc[at[3] + hh * Rmax * kv_tile:at[3] + (hh + 1) * Rmax * kv_tile], pv_mode, q, cm)
                 jmax = max(jmax, nmax[hh])
                 ot = sc[at[4] + hh * Rmax * Dv:at[4] + (hh + 1) * Rmax * Dv]
-                ot2 = sc[at[5] + hh * Rmax * Dv:at[5] + (hh + 1) * Rmax * Dv]
                 for i in range(R * Dv):
                     ot[i] = np.float32(0.0)
-                    ot2[i] = np.float32(0.0)
+                if pv_mode == PV_COMPENSATED:
+                    ot2 = sc[at[5] + hh * Rmax * Dv:at[5] + (hh + 1) * Rmax * Dv]
+                    for i in range(R * Dv):
+                        ot2[i] = np.float32(0.0)
             # P @ V: blocks of 4 keys for every head, one key at a time past its multiple of 4
             for jj in range(0, jmax, 4):
                 vj = _key_offset(table, b, j0 + jj, bs, Hkv, h0, Dv)
@@ -269,8 +294,8 @@ def decode_call(strategy, p, a, table, bs, out, out_k, cm, return_lse):
             counted = paged_decode_kernel(
                 a.q.kview, a.k.kview, a.v.kview, table, bs, a.Skv, out_k, lse, want, a.kv_len, a.causal, a.left,
                 a.right, a.scale, a.softcap, a.has_mask, a.mask_flat, msb, msh, msi, msj, a.has_sinks, a.sinks,
-                qt, kvt, n_split, nhg, not flash, pv_mode, scratch, layout.bounds, state, state_at.bounds, part_m,
-                part_l, part_o, cm)
+                qt, kvt, n_split, nhg, rows_per_page(a.Hkv * a.D * a.k.kview.itemsize), not flash, pv_mode,
+                scratch, layout.bounds, state, state_at.bounds, part_m, part_l, part_o, cm)
         run.count(counted, workspace_bytes=p.kernels[0].workspace_bytes)
         if n_split > 1:
             run.count(_combine_kernel(part_m, part_l, part_o, out_k, lse, want, a.Hkv, qt, a.has_sinks,

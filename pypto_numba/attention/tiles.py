@@ -59,6 +59,7 @@ GEMM_MIN_ROWS = 16  # tiles with at least this many rows (prefill) use cube.oute
 PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
 RES_SLOTS = 16  # fp32 scratch slots per thread for the results of cube.dot4x4 (tile_scores)
 NEG_INF = np.float32(-np.inf)
+_U1 = np.uint64(1)
 
 # how P meets V (the ``pv`` option; validation.PV_CODE maps its names to these codes)
 PV_STORAGE = 0  # P rounded to the storage dtype (the NPU)
@@ -131,10 +132,10 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
         for e in range(4):
             prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS + e)
         j = np.uint64(jj)
-        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, 4, s, j, un, res)
+        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, 4, s, j, un, _U1, res)
     if n4 < n:
         j = np.uint64(n4)
-        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, n - n4, s, j, un, res)
+        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, n - n4, s, j, un, _U1, res)
 
 
 @device

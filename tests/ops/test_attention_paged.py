@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pypto_numba.attention import flash, online, plan_paged, plan_write_kv, standard, write_kv
-from pypto_numba.attention.paged_decode import head_groups
+from pypto_numba.attention.paged_decode import head_groups, rows_per_page
 from pypto_numba.errors import ConstraintError, DTypeError, ShapeError
 
 from helpers import DTYPES, NP_DTYPE, assert_cost_matches_plan, make, run_traced
@@ -78,6 +78,28 @@ def test_decode_head_groups_same_bits_as_dense(name, rng):
         out, rec = run_traced(fn, q, kc, vc, block_table=table, kv_len=kv_len, kv_tile=kvt, **extra)
         assert_cost_matches_plan(rec)
         same_bits(out, fn(q, kd, vd, kv_len=kv_len, kv_tile=kvt, **extra))
+
+
+@pytest.mark.parametrize("name", ["flash", "online"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_key_groups_same_bits_as_dense(name, dtype, rng):
+    """Key rows of 4, 2 and 1 per 4 KiB CPU page: the page-major kernel takes Q K^T in groups of
+    every 4th / 2nd key (or plain blocks of 4). kv_tile 20 starts groups off the page grid, where
+    the kernel falls back to blocks of 4; kv_len cuts a group."""
+    fn = STRATEGIES[name]
+    extra = {"num_splits": 2} if name == "flash" else {}
+    item = np.dtype(NP_DTYPE[dtype]).itemsize
+    seen = set()
+    for Hkv in (2, 4, 8):  # rows of 1, 2 and 4 KiB
+        D = 512 // item
+        seen.add(rows_per_page(Hkv * D * item))
+        kv_len = np.array([150, 77])
+        q, kc, vc, table, kd, vd = paged_case(rng, dtype, 2, 2 * Hkv, Hkv, 1, D, kv_len, 16, 10)
+        for kvt in (20, 64):
+            out, rec = run_traced(fn, q, kc, vc, block_table=table, kv_len=kv_len, kv_tile=kvt, **extra)
+            assert_cost_matches_plan(rec)
+            same_bits(out, fn(q, kd, vd, kv_len=kv_len, kv_tile=kvt, **extra))
+    assert seen == {4, 2, 1}
 
 
 def test_head_groups_keep_both_threads_busy():
