@@ -22,6 +22,7 @@ from ..machine import cube, dtypes
 from ..machine.jit import device
 
 _U4 = np.uint64(4)
+ADJACENT = np.uint64(1)  # scores_keys' ``ue`` for a block of adjacent keys
 
 
 @device(forceinline=True)

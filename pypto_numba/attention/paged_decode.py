@@ -30,7 +30,7 @@ from numba import prange
 from ..machine import cube, tile
 from ..machine.jit import device, kernel
 from ..strategy import Launch
-from .decode_tiles import pv_keys, scores_keys
+from .decode_tiles import ADJACENT, pv_keys, scores_keys
 from .flash import _combine_kernel, _split_tiles, finish_block, state_layout
 from .online import _walked_tiles
 from .online import scratch_layout as online_scratch
@@ -48,7 +48,6 @@ from .tiles import (
 )
 from .validation import PV_CODE
 
-_U1 = np.uint64(1)
 PAGE_BYTES = 4096  # the CPU's page: its L2 streamer follows one ascending stream per page
 
 
@@ -104,7 +103,6 @@ def paged_decode_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
     kf = flat1d(k)
     vf = flat1d(v)
     uks = np.uint64(Hkv * D)  # key stride within a page
-    ukpg = np.uint64(kpg)
     uvs = np.uint64(Hkv * Dv)
     tasks = 0
     gm_read = 0
@@ -159,27 +157,23 @@ def paged_decode_kernel(q, k, v, table, bs, Skv, out, lse, want_lse, kv_len, cau
             done = 0
             while done < n4 and done < nread:
                 jg = j0 + done
-                if kpg > 1 and done + 4 * kpg <= min(n4, nread) and jg // bs == (jg + 4 * kpg - 1) // bs:
-                    for par in range(kpg):
-                        kj = _key_offset(table, b, jg + par, bs, Hkv, h0, D)
-                        for hh in range(nh):
-                            uh = np.uint64(hh)
-                            scores_keys(sc, uq + uh * uRD, R, D, kf, kj + uh * np.uint64(D), uks * ukpg, 4, sc,
-                                        us + uh * uRT + np.uint64(done + par), un, ukpg, res)
-                    done += 4 * kpg
-                else:
-                    kj = _key_offset(table, b, jg, bs, Hkv, h0, D)
+                g = kpg  # plain blocks of 4 where the group would cross a page, kv_len or n4
+                if done + 4 * g > min(n4, nread) or jg // bs != (jg + 4 * g - 1) // bs:
+                    g = 1
+                ug = np.uint64(g)
+                for par in range(g):
+                    kj = _key_offset(table, b, jg + par, bs, Hkv, h0, D)
                     for hh in range(nh):
                         uh = np.uint64(hh)
-                        scores_keys(sc, uq + uh * uRD, R, D, kf, kj + uh * np.uint64(D), uks, 4, sc,
-                                    us + uh * uRT + np.uint64(done), un, _U1, res)
-                    done += 4
+                        scores_keys(sc, uq + uh * uRD, R, D, kf, kj + uh * np.uint64(D), uks * ug, 4, sc,
+                                    us + uh * uRT + np.uint64(done + par), un, ug, res)
+                done += 4 * g
             if n4 < nread:  # the tile's last n % 4 keys (one 4-aligned block of a page)
                 kj = _key_offset(table, b, j0 + n4, bs, Hkv, h0, D)
                 for hh in range(nh):
                     uh = np.uint64(hh)
                     scores_keys(sc, uq + uh * uRD, R, D, kf, kj + uh * np.uint64(D), uks, n - n4, sc,
-                                us + uh * uRT + np.uint64(n4), un, _U1, res)
+                                us + uh * uRT + np.uint64(n4), un, ADJACENT, res)
                 done = n
             for hh in range(nh):  # keys of pages never read (past kv_len): zero scores, masked
                 for r in range(R):

@@ -52,14 +52,13 @@ from ..machine.vmath import exp as vexp  # the vector unit's exp (<= 4 ulp, exp(
 from ..machine.vmath import rowmax as vrowmax  # the vector unit's row max (skips NaN)
 from ..machine.vmath import softmax_exp_mode as vsoftmax_exp  # exp(s - m) -> P rounded by a cast mode, and its sum
 from ..machine.vmath import tanh as vtanh  # the vector unit's tanh (soft-capping)
-from .decode_tiles import pv_keys, scores_keys
+from .decode_tiles import ADJACENT, pv_keys, scores_keys
 from .strided import flat1d, flat_rows, key_row, pack_keys_strided, prefetch_key
 
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows (prefill) use cube.outer_rows for QK^T and PV
 PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
 RES_SLOTS = 16  # fp32 scratch slots per thread for the results of cube.dot4x4 (tile_scores)
 NEG_INF = np.float32(-np.inf)
-_U1 = np.uint64(1)
 
 # how P meets V (the ``pv`` option; validation.PV_CODE maps its names to these codes)
 PV_STORAGE = 0  # P rounded to the storage dtype (the NPU)
@@ -132,10 +131,10 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
         for e in range(4):
             prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS + e)
         j = np.uint64(jj)
-        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, 4, s, j, un, _U1, res)
+        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, 4, s, j, un, ADJACENT, res)
     if n4 < n:
         j = np.uint64(n4)
-        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, n - n4, s, j, un, _U1, res)
+        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, n - n4, s, j, un, ADJACENT, res)
 
 
 @device
