@@ -288,6 +288,8 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt, has_sin
     gm_read = 0
     gm_write = 0
     vector_ops = 0
+    w = np.empty(n_split, np.float32)  # a row's split weights exp(m_s - m)
+    o = np.empty(Dv, np.float32)  # a row's weighted sum, split by split (vectorises over d)
     for blk in prange(B * Hkv * nq):
         b = blk // (Hkv * nq)
         rem = blk - b * (Hkv * nq)
@@ -316,16 +318,18 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt, has_sin
                     lse[b, h, i0 + ii] = NEG_INF
                 continue
             for sp in range(n_split):
-                l += vexp(part_m[sp, blk, r] - m) * part_l[sp, blk, r]
+                w[sp] = vexp(part_m[sp, blk, r] - m)
+                l += w[sp] * part_l[sp, blk, r]
             if has_sinks:
                 l += vexp(sinks[h] - m)
             inv = np.float32(1.0) / l
+            o[:] = np.float32(0.0)
+            for sp in range(n_split):
+                ws = w[sp]
+                for d in range(Dv):
+                    o[d] += ws * part_o[sp, blk, r * Dv + d]
             for d in range(Dv):
-                o = np.float32(0.0)
-                for sp in range(n_split):
-                    w = vexp(part_m[sp, blk, r] - m)
-                    o += w * part_o[sp, blk, r * Dv + d]
-                out[b, h, i0 + ii, d] = dtypes.narrow(out, o * inv, cm)
+                out[b, h, i0 + ii, d] = dtypes.narrow(out, o[d] * inv, cm)
             if want_lse:
                 lse[b, h, i0 + ii] = m + np.float32(np.log(l)) if m == m else m
         gm_read += n_split * R * (Dv + 2) * 4
