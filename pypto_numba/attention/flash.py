@@ -62,6 +62,7 @@ from .tiles import (
     reset_state,
     tile_cube_flops,
     tile_pv,
+    tile_pv_scores,
     tile_scores,
     tile_softmax,
     tile_vector_ops,
@@ -190,13 +191,19 @@ def _flash_kernel(
                 if t < lo or t >= hi:
                     continue
                 use_gemm = R >= GEMM_MIN_ROWS
+                piped = members == 1 and not use_gemm  # decode: a tile's P @ V with the next's Q K^T
                 m0 = u * sw
                 qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
-                tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
+                if not piped or t == lo:  # else the previous tile's walk scored this one
+                    tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, left, right,
                                     scale, softcap, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, ph,
                                     PV_STORAGE, q, cm)
-                tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
+                if piped and t + 1 < hi:
+                    j1 = j0 + kv_tile
+                    tile_pv_scores(ph, R, n, v, b, kvh, j0, ot, nmax, qf, k, j1, min(kv_tile, Skv - j1), s, res)
+                else:
+                    tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
                 merge_state(st[m0 + om:m0 + ol], st[m0 + ol:m0 + oo], st[m0 + oo:m0 + sw],
                             mt, lt, ot, R, Dv)
                 gm_read += n * D * b_sz + n * Dv * b_sz

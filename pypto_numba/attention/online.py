@@ -59,6 +59,7 @@ from .tiles import (
     reset_state,
     tile_cube_flops,
     tile_pv,
+    tile_pv_scores,
     tile_scores,
     tile_softmax,
     tile_span,
@@ -168,15 +169,21 @@ def _online_kernel(
                 if t < lo or t >= hi:
                     continue
                 use_gemm = R >= GEMM_MIN_ROWS
+                piped = members == 1 and not use_gemm  # decode: a tile's P @ V with the next's Q K^T
                 ms = ws_m[task]
                 ls = ws_l[task]
                 os = ws_o[task]
                 qf = sc[qb + u * Rmax * D:qb + (u + 1) * Rmax * D]  # this query tile's Q block
-                tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
+                if not piped or t == lo:  # else the previous tile's walk scored this one
+                    tile_scores(qf, R, k, b, kvh, j0, n, s, kt, kv_tile, use_gemm, res)
                 nmax = tile_softmax(s, R, n, j0, b, kvh, G, i0, qv, Sq, Skv, kv_len, causal, left, right,
                                     scale, softcap, has_mask, mask, msb, msh, msi, msj, mt, lt, ph, pl,
                                     pv_mode, q, cm)
-                tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
+                if piped and t + 1 < hi:
+                    j1 = j0 + kv_tile
+                    tile_pv_scores(ph, R, n, v, b, kvh, j0, ot, nmax, qf, k, j1, min(kv_tile, Skv - j1), s, res)
+                else:
+                    tile_pv(ph, R, n, v, b, kvh, j0, ot, use_gemm, nmax)
                 if pv_mode == PV_COMPENSATED:
                     tile_pv(pl, R, n, v, b, kvh, j0, ot2, use_gemm, nmax)
                     for i in range(R * Dv):

@@ -170,6 +170,42 @@ def tile_pv(p, R, n, v, b, h, j0, o, use_gemm, nmax):
 
 
 @device
+def tile_pv_scores(p, R, n, v, b, h, j0, o, nmax, qf, k, j1, n1, s, res):
+    """Decode: :func:`tile_pv` of the tile at ``j0`` (P ``p``, ``n`` keys, ``nmax`` allowed) and
+    :func:`tile_scores` of the next tile at ``j1`` (``n1`` keys, into ``s``), their 4-key blocks
+    taken in turns, so that V and K stream together while the blocks compute. Every score and
+    output element is the same operations in the same order as the two calls', so the same bits."""
+    Dv = v.shape[3]
+    D = k.shape[3]
+    for i in range(R * Dv):
+        o[i] = np.float32(0.0)
+    vf = flat1d(v)
+    kf = flat1d(k)
+    vrow, uvs = key_row(v, b, h, j0)
+    krow, uks = key_row(k, b, h, j1)
+    un = np.uint64(n)
+    un1 = np.uint64(n1)
+    j4 = nmax - nmax % 4
+    n4 = n1 - n1 % 4
+    for jj in range(0, max(j4, n4), 4):
+        j = np.uint64(jj)
+        if jj < n4:
+            for e in range(4):
+                prefetch_key(k, b, h, j1 + jj + PREFETCH_ROWS + e)
+            scores_keys(qf, np.uint64(0), R, D, kf, krow + j * uks, uks, 4, s, j, un1, ADJACENT, res)
+        if jj < j4:
+            for e in range(4):
+                prefetch_key(v, b, h, j0 + jj + PREFETCH_ROWS + e)
+            pv_keys(p, j, R, un, vf, vrow + j * uvs, uvs, 4, o, np.uint64(0), Dv)
+    if n4 < n1:
+        j = np.uint64(n4)
+        scores_keys(qf, np.uint64(0), R, D, kf, krow + j * uks, uks, n1 - n4, s, j, un1, ADJACENT, res)
+    for jj in range(j4, nmax):
+        j = np.uint64(jj)
+        pv_keys(p, j, R, un, vf, vrow + j * uvs, uvs, 1, o, np.uint64(0), Dv)
+
+
+@device
 def key_range(b, i, Sq, Skv, kv_len, causal, left, right):
     """Keys ``[lo, hi)`` query position i of batch b may attend (``0 <= lo <= hi <= Skv``).
 
