@@ -28,7 +28,10 @@ Attention sinks (one logit per query head, no value) join the state once, after 
 Decode-shaped tiles (few rows) run the 4-key blocks of decode_tiles.py, which stream K and V once
 with the G rows reusing each K/V row from L1 (QK^T: blocks of 4 rows x 4 keys,
 :func:`machine.cube.dot4x4`; PV: 4 rows x 4 keys per pass over the O rows), and prefetch the K/V
-rows ``PREFETCH_ROWS`` keys ahead (the NPU double-buffers its GM->L1 loads the same way). Tiles with >= GEMM_MIN_ROWS rows (prefill) use the outer-product register blocks of
+rows ``PREFETCH_ROWS`` keys ahead (the NPU double-buffers its GM->L1 loads the same way). A task
+walking one query tile runs a KV tile's P @ V and the next tile's Q K^T block by block in turns
+(:func:`tile_pv_scores`), so that V and K stream together. Tiles with >= GEMM_MIN_ROWS rows
+(prefill) use the outer-product register blocks of
 :func:`machine.cube.outer_rows` (mostly 6 rows x 64 columns in 24 fp32 vector accumulators):
 P @ V reads V as stored, Q K^T reads K packed transposed once per call (:func:`packed_keys`,
 shared by all query tiles of a head). Every score and output element is one chain of fp32 FMAs
