@@ -59,7 +59,7 @@ from .decode_tiles import ADJACENT, pv_keys, scores_keys
 from .strided import flat1d, flat_rows, key_row, pack_keys_strided, prefetch_key
 
 GEMM_MIN_ROWS = 16  # tiles with at least this many rows (prefill) use cube.outer_rows for QK^T and PV
-PREFETCH_ROWS = 32  # decode loops prefetch the K/V row this many keys ahead (16 KiB of fp32 at D=128)
+PREFETCH_ROWS = 16  # decode loops prefetch the K/V row this many keys ahead (8 KiB of fp32 at D=128)
 RES_SLOTS = 16  # fp32 scratch slots per thread for the results of cube.dot4x4 (tile_scores)
 NEG_INF = np.float32(-np.inf)
 
