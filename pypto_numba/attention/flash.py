@@ -295,7 +295,7 @@ def _combine_kernel(part_m, part_l, part_o, out, lse, want_lse, Hkv, qt, has_sin
     gm_read = 0
     gm_write = 0
     vector_ops = 0
-    w = np.empty(n_split, np.float32)  # a row's split weights exp(m_s - m)
+    w = np.empty(n_split, np.float32)  # a row's split weights exp(m_s - m) (one buffer: a serial kernel)
     o = np.empty(Dv, np.float32)  # a row's weighted sum, split by split (vectorises over d)
     for blk in prange(B * Hkv * nq):
         b = blk // (Hkv * nq)
