@@ -122,7 +122,7 @@ class HeavyAttentionDecodeTime(AttentionDecodeTime):
 class AttentionDecodeCallTime:
     """One decode step on a short cache (q[1, 32, 1, 128], K/V[1, 8, 128, 128] bf16): what a call
     costs beyond its kernel. A repeated signature skips validation and the plan's key
-    (``attention.validation.prepare``; docs/performance.md)."""
+    (``attention.validation.prepare``; docs/performance-attention.md)."""
 
     timeout = 600  # a first call compiles its kernels (fresh numba cache, loaded host)
     params = (["standard", "online", "flash"],)

@@ -5,7 +5,7 @@ its page.
 vLLM's layout stores a key's heads side by side (``[page, token, Hkv, D]``): one head's keys are
 D-element runs ``Hkv*D`` apart. Read head by head, as the dense tasks do, this machine streams
 them at about a third of the read bandwidth; read key-major over the heads, at nearly all of it
-(docs/performance.md). The arithmetic of every head is the dense kernel's: the same tile bodies
+(docs/performance-attention.md). The arithmetic of every head is the dense kernel's: the same tile bodies
 (decode_tiles.py) over the same tiles and splits, blocks of 4 keys in order and the merge per
 tile, so the result has the bits of the dense call on the gathered cache. Only the CPU's loop
 order changes; the NPU model (the plan, the counters) still counts one task per KV head.
@@ -64,7 +64,7 @@ def pages_touched(t0, t1, kv_tile, kvl, bs):
 def head_groups(tasks, Hkv, threads):
     """KV-head groups per (batch, query tile, split): the fewest (a divisor of Hkv) that give
     every thread a task. Fewer heads per task read shorter runs of each key row, which costs more
-    than an uneven share of tasks (docs/performance.md)."""
+    than an uneven share of tasks (docs/performance-attention.md)."""
     for g in range(1, Hkv + 1):
         if Hkv % g == 0 and tasks * g >= threads:
             return g

@@ -5,7 +5,7 @@ flash or online walks ``Q_GROUP`` consecutive query tiles of a (batch, KV head) 
 tiles together, so each K^T / V tile is read from L3 once per group and reused from L2 by the
 other query tiles. Each query tile keeps its own Q block and state and runs exactly the steps of a
 task of its own, in the same order: the grouping changes neither bits nor counts, only the CPU's
-loop order (measurements: docs/performance.md).
+loop order (measurements: docs/performance-attention.md).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ P @ V reads V as stored, Q K^T reads K packed transposed once per call (:func:`p
 shared by all query tiles of a head). Every score and output element is one chain of fp32 FMAs
 in ascending order of its reduction index, so the bits do not depend on the thread count. The
 tile softmax uses the 16-lane :func:`machine.vmath.rowmax` and :func:`machine.vmath.softmax_exp`,
-every row's max before the exps. Measurements: docs/performance.md.
+every row's max before the exps. Measurements: docs/performance-attention.md.
 """
 
 from __future__ import annotations

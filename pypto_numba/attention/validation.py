@@ -72,7 +72,7 @@ def in_layout(t, layout):
 
 
 # Validated arguments and plan of each call signature (see CallMemo): validation and the plan's key
-# are a good part of a decode-sized call (docs/performance.md).
+# are a good part of a decode-sized call (docs/performance-attention.md).
 _CALLS = CallMemo()
 
 
