@@ -125,19 +125,8 @@ def tile_scores(qf, R, k, b, h, j0, n, s, kt, ktw, use_gemm, res):
         tile = (b * k.shape[1] + h) * ((k.shape[2] + ktw - 1) // ktw) + j0 // ktw  # packed tile index
         cube.outer_rows(s, 0, n, qf, 0, D, kt, np.uint64(tile) * np.uint64(D * ktw), ktw, R, n, D)
         return
-    # decode (decode_tiles.py): blocks of 4 keys in order, then the last n % 4 keys
-    kf = flat1d(k)
-    kbase, uks = key_row(k, b, h, j0)  # flat k[b, h, j0, 0], and the key stride (strided.py)
-    un = np.uint64(n)
-    n4 = n - n % 4
-    for jj in range(0, n4, 4):
-        for e in range(4):
-            prefetch_key(k, b, h, j0 + jj + PREFETCH_ROWS + e)
-        j = np.uint64(jj)
-        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, 4, s, j, un, ADJACENT, res)
-    if n4 < n:
-        j = np.uint64(n4)
-        scores_keys(qf, np.uint64(0), R, D, kf, kbase + j * uks, uks, n - n4, s, j, un, ADJACENT, res)
+    # decode: the walk with no P @ V
+    tile_pv_scores(None, R, 0, None, b, h, j0, None, 0, qf, k, j0, n, s, res)
 
 
 @device
@@ -155,57 +144,54 @@ def tile_pv(p, R, n, v, b, h, j0, o, use_gemm, nmax):
         row, uvs = key_row(v, b, h, j0)  # flat v[b, h, j0, 0], and the key stride (strided.py)
         cube.outer_rows(o, 0, Dv, p, 0, n, flat_rows(v), row, uvs, R, Dv, nmax)
         return
-    for i in range(R * Dv):
-        o[i] = np.float32(0.0)
-    # decode (decode_tiles.py): blocks of 4 keys in order, then one key at a time up to nmax
-    vf = flat1d(v)
-    row, uvs = key_row(v, b, h, j0)
-    un = np.uint64(n)
-    j4 = nmax - nmax % 4
-    for jj in range(0, j4, 4):
-        for e in range(4):
-            prefetch_key(v, b, h, j0 + jj + PREFETCH_ROWS + e)
-        j = np.uint64(jj)
-        pv_keys(p, j, R, un, vf, row + j * uvs, uvs, 4, o, np.uint64(0), Dv)
-    for jj in range(j4, nmax):
-        j = np.uint64(jj)
-        pv_keys(p, j, R, un, vf, row + j * uvs, uvs, 1, o, np.uint64(0), Dv)
+    # decode: the walk with no Q K^T
+    tile_pv_scores(p, R, n, v, b, h, j0, o, nmax, None, None, j0, 0, None, None)
 
 
 @device
 def tile_pv_scores(p, R, n, v, b, h, j0, o, nmax, qf, k, j1, n1, s, res):
-    """Decode: :func:`tile_pv` of the tile at ``j0`` (P ``p``, ``n`` keys, ``nmax`` allowed) and
-    :func:`tile_scores` of the next tile at ``j1`` (``n1`` keys, into ``s``), their 4-key blocks
-    taken in turns, so that V and K stream together while the blocks compute. Every score and
-    output element is the same operations in the same order as the two calls', so the same bits."""
-    Dv = v.shape[3]
-    D = k.shape[3]
-    for i in range(R * Dv):
-        o[i] = np.float32(0.0)
-    vf = flat1d(v)
-    kf = flat1d(k)
-    vrow, uvs = key_row(v, b, h, j0)
-    krow, uks = key_row(k, b, h, j1)
-    un = np.uint64(n)
-    un1 = np.uint64(n1)
+    """The decode walk (decode_tiles.py): ``o = P V`` of the tile at ``j0`` (P ``p``, ``n`` keys,
+    the first ``nmax`` allowed) and ``s = Q K^T`` of the next tile at ``j1`` (``n1`` keys), their
+    4-key blocks taken in turns, so that V and K stream together while the blocks compute.
+    Q K^T: blocks of 4 keys, then the last ``n1 % 4``; P @ V: blocks of 4 keys, then one key at
+    a time up to ``nmax``. A side whose arrays are None (``p`` or ``qf``) is pruned at compile
+    time: :func:`tile_scores` and :func:`tile_pv` are the one-sided walks. Each score and output
+    element is the same operations in the same order whether a side runs alone or with the
+    other, so the three agree bit for bit."""
+    if p is not None:
+        Dv = v.shape[3]
+        for i in range(R * Dv):
+            o[i] = np.float32(0.0)
+        vf = flat1d(v)
+        vrow, uvs = key_row(v, b, h, j0)  # flat v[b, h, j0, 0], and the key stride (strided.py)
+        un = np.uint64(n)
+    if qf is not None:
+        D = k.shape[3]
+        kf = flat1d(k)
+        krow, uks = key_row(k, b, h, j1)
+        un1 = np.uint64(n1)
     j4 = nmax - nmax % 4
     n4 = n1 - n1 % 4
     for jj in range(0, max(j4, n4), 4):
         j = np.uint64(jj)
-        if jj < n4:
-            for e in range(4):
-                prefetch_key(k, b, h, j1 + jj + PREFETCH_ROWS + e)
-            scores_keys(qf, np.uint64(0), R, D, kf, krow + j * uks, uks, 4, s, j, un1, ADJACENT, res)
-        if jj < j4:
-            for e in range(4):
-                prefetch_key(v, b, h, j0 + jj + PREFETCH_ROWS + e)
-            pv_keys(p, j, R, un, vf, vrow + j * uvs, uvs, 4, o, np.uint64(0), Dv)
-    if n4 < n1:
-        j = np.uint64(n4)
-        scores_keys(qf, np.uint64(0), R, D, kf, krow + j * uks, uks, n1 - n4, s, j, un1, ADJACENT, res)
-    for jj in range(j4, nmax):
-        j = np.uint64(jj)
-        pv_keys(p, j, R, un, vf, vrow + j * uvs, uvs, 1, o, np.uint64(0), Dv)
+        if qf is not None:
+            if jj < n4:
+                for e in range(4):
+                    prefetch_key(k, b, h, j1 + jj + PREFETCH_ROWS + e)
+                scores_keys(qf, np.uint64(0), R, D, kf, krow + j * uks, uks, 4, s, j, un1, ADJACENT, res)
+        if p is not None:
+            if jj < j4:
+                for e in range(4):
+                    prefetch_key(v, b, h, j0 + jj + PREFETCH_ROWS + e)
+                pv_keys(p, j, R, un, vf, vrow + j * uvs, uvs, 4, o, np.uint64(0), Dv)
+    if qf is not None:
+        if n4 < n1:
+            j = np.uint64(n4)
+            scores_keys(qf, np.uint64(0), R, D, kf, krow + j * uks, uks, n1 - n4, s, j, un1, ADJACENT, res)
+    if p is not None:
+        for jj in range(j4, nmax):
+            j = np.uint64(jj)
+            pv_keys(p, j, R, un, vf, vrow + j * uvs, uvs, 1, o, np.uint64(0), Dv)
 
 
 @device
